@@ -1,0 +1,158 @@
+package codec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Message is one delivery's payload as the caller hands it to sinkbatch. The
+// batcher reads Tenant and Group; the codec maps the rest onto the
+// destination's request.
+type Message struct {
+	// Tenant is the fairness unit: entries are taken round-robin across
+	// tenants. "" is a tenant like any other.
+	Tenant string
+	// Group is the ordering group (an SQS MessageGroupId, a Pub/Sub ordering
+	// key). Entries of one group are sent in admission order, with at most one
+	// request of the group in flight. "" means unordered.
+	Group string
+	// IdempotencyKey travels with the message; the codec decides where
+	// (an SQS deduplication id, an attribute).
+	IdempotencyKey string
+	Body           []byte
+	Attributes     map[string]string
+}
+
+// Result is the destination's answer for one message of a batch.
+type Result struct {
+	// ID is the message id the destination assigned.
+	ID string
+	// Sequence is the destination's sequence number where it assigns one
+	// (SQS FIFO queues); "" elsewhere.
+	Sequence string
+	// Err is nil when the destination accepted the message.
+	Err error
+}
+
+// Limits are the destination API's hard limits for one request. Tuning may
+// only tighten them.
+type Limits struct {
+	MaxEntries int // messages in one request
+	MaxBytes   int // the sum of the messages' Size in one request
+}
+
+// Tuning is a destination's batch tuning. A zero field takes its default; a
+// negative one, or one above the codec's Limits, is refused. Tuning is part of
+// the destination's identity: codecs that differ in it never share a batcher.
+type Tuning struct {
+	MaxEntries    int           // default and ceiling: Limits.MaxEntries
+	MaxBytes      int           // default and ceiling: Limits.MaxBytes
+	Linger        time.Duration // default 5ms
+	MaxInflight   int           // requests in flight for this destination; default: the instance's SinkConcurrency (8)
+	QueueMax      int           // default 4096
+	QueueMaxBytes int64         // default 128 MiB
+	TenantMax     int           // default 1024
+	RetryAfterMax time.Duration // ceiling of the full-jitter retry-after on refusal; default 1s
+	IdleTimeout   time.Duration // default 1 minute
+}
+
+// Defaults that a zero Tuning field takes. MaxEntries and MaxBytes default to
+// the codec's Limits and MaxInflight to the instance's SinkConcurrency.
+const (
+	DefaultLinger        = 5 * time.Millisecond
+	DefaultQueueMax      = 4096
+	DefaultQueueMaxBytes = 128 << 20
+	DefaultTenantMax     = 1024
+	DefaultRetryAfterMax = time.Second
+	DefaultIdleTimeout   = time.Minute
+)
+
+// Codec turns messages into one destination's requests. A codec value must
+// not change its Identity, Limits or Tuning after its first delivery: the
+// batcher caches them per codec value. Pointer codecs are cheapest to route.
+//
+// All methods must be safe for concurrent use: SendBatch runs on its own
+// goroutine while the batcher calls Size.
+type Codec interface {
+	// Name is the codec's short kind, e.g. "sqs": it is part of actor names,
+	// logs and the metric attribute "sink". It must not hold secrets.
+	Name() string
+	// Identity is everything that shapes the request (queue or topic,
+	// endpoint, region, credentials, transport options, tuning). It may hold
+	// secrets: sinkbatch only ever digests it with a keyed hash.
+	Identity() []byte
+	// Limits are the destination API's hard limits for one request.
+	Limits() Limits
+	// Tuning is the user's tuning; zero fields take defaults.
+	Tuning() Tuning
+	// Size is the number of bytes m adds to a request, as the destination
+	// counts them toward Limits.MaxBytes.
+	Size(m Message) int
+	// SendBatch sends one request. It runs outside the batcher's mailbox and
+	// must return when ctx is done. With a nil error it returns exactly one
+	// Result per message, in order. An error wrapping ErrRefused means the
+	// destination refused the whole request for its content (the batcher
+	// bisects to find the message); any other error is the answer for every
+	// message of the batch, permanent if IsPermanent says so.
+	SendBatch(ctx context.Context, batch []Message) ([]Result, error)
+}
+
+// Validator is implemented by codecs that can tell, before a message is
+// queued, that the destination can never accept it (an empty body, a
+// character the destination refuses, a FIFO message without a group). The
+// batcher calls Validate at admission and answers the delivery with its error
+// at once, so a bad message never sinks a batch. The error should be
+// permanent (see IsPermanent) and say what is wrong.
+type Validator interface {
+	Validate(m Message) error
+}
+
+var (
+	// ErrRefused is wrapped by a SendBatch error when the destination refused
+	// the whole request for its content.
+	ErrRefused = errors.New("sinkbatch: the destination refused the request")
+	// ErrTooLarge is wrapped by the answer to a message whose Size alone
+	// exceeds the destination's MaxBytes.
+	ErrTooLarge = errors.New("sinkbatch: message too large")
+	// ErrResultCount is wrapped by the answer to every message of a batch
+	// whose SendBatch returned a result slice of the wrong length.
+	ErrResultCount = errors.New("sinkbatch: codec returned the wrong number of results")
+	// ErrCodecPanic is wrapped by the answer to every message of a batch
+	// whose SendBatch panicked.
+	ErrCodecPanic = errors.New("sinkbatch: codec panicked")
+)
+
+// EntryError is a failure reported by the destination (or the codec) for one
+// message, or for every message of a request that failed as a whole.
+type EntryError struct {
+	Code      string // the destination's error code, e.g. "InvalidMessageContents"
+	Message   string // the destination's text
+	Permanent bool   // sending the same message again cannot succeed
+}
+
+func (e *EntryError) Error() string {
+	kind := "retryable"
+	if e.Permanent {
+		kind = "permanent"
+	}
+	if e.Message == "" {
+		return fmt.Sprintf("sinkbatch: %s failure %s", kind, e.Code)
+	}
+	return fmt.Sprintf("sinkbatch: %s failure %s: %s", kind, e.Code, e.Message)
+}
+
+// IsPermanent reports whether sending the same message again cannot succeed:
+// err is, or wraps, an *EntryError with Permanent set, ErrRefused (a refusal
+// the batcher has narrowed down to this one message) or ErrTooLarge.
+func IsPermanent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ee *EntryError
+	if errors.As(err, &ee) {
+		return ee.Permanent
+	}
+	return errors.Is(err, ErrRefused) || errors.Is(err, ErrTooLarge)
+}
