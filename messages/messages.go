@@ -1,0 +1,88 @@
+package messages
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ankusa/sinkbatch/codec"
+)
+
+// Deliver asks for one message to be sent to the destination its Codec
+// describes. Send it with a sender (ctx.Request, RequestFuture) to the
+// instance's PID; the answer is one *Delivered, sent once the message's result
+// is known. A Deliver sent without a sender is sent all the same, and nobody is
+// answered.
+type Deliver struct {
+	Codec   codec.Codec
+	Message codec.Message
+	// Deadline is when the caller stops waiting. An entry still queued then
+	// is never sent, and its caller is answered with an error wrapping
+	// context.DeadlineExceeded. Zero: the instance's DefaultTimeout from
+	// the moment the batcher receives it.
+	Deadline time.Time
+	// Ref is the caller's own correlation value, echoed in Delivered.Ref.
+	Ref any
+}
+
+// Delivered is the answer to a Deliver.
+type Delivered struct {
+	Ref any
+	// ID is the message id the destination assigned when Err is nil.
+	ID string
+	// Sequence is the destination's sequence number where it assigns one
+	// (SQS FIFO queues).
+	Sequence string
+	// Err says why the message was not accepted. Branch on it with
+	// errors.Is / errors.As: *RetryAfterError (queue full, try again after
+	// After), ErrStopped, ErrBatcherDown, codec.IsPermanent.
+	Err error
+}
+
+var (
+	// ErrStopped answers deliveries that reach an instance that is stopping
+	// or stopped, and those still queued when Stop's context expires.
+	ErrStopped = errors.New("sinkbatch: instance stopped")
+	// ErrBatcherDown answers every delivery a batcher held, queued or in a
+	// request, when it crashed and was restarted: the message may or may not
+	// have reached the destination. Retrying with the same idempotency key is
+	// safe.
+	ErrBatcherDown = errors.New("sinkbatch: batcher restarted before the answer was known")
+	// ErrNilCodec answers a Deliver whose Codec is nil.
+	ErrNilCodec = errors.New("sinkbatch: nil codec")
+)
+
+// FullReason says which bound refused a delivery.
+type FullReason int
+
+// The bounds a destination's queue enforces.
+const (
+	FullEntries FullReason = iota // Tuning.QueueMax entries queued
+	FullBytes                     // Tuning.QueueMaxBytes bytes queued
+	FullTenant                    // Tuning.TenantMax entries of the delivery's tenant queued
+)
+
+func (r FullReason) String() string {
+	switch r {
+	case FullEntries:
+		return "entries"
+	case FullBytes:
+		return "bytes"
+	case FullTenant:
+		return "tenant"
+	}
+	return fmt.Sprintf("FullReason(%d)", int(r))
+}
+
+// RetryAfterError answers a delivery that did not fit in its destination's
+// queue. Nothing was queued; send it again after After, which is drawn
+// uniformly from (0, Tuning.RetryAfterMax] so that refused callers do not
+// return together.
+type RetryAfterError struct {
+	After  time.Duration
+	Reason FullReason
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("sinkbatch: queue full (%s), retry after %v", e.Reason, e.After)
+}
