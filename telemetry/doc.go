@@ -1,0 +1,90 @@
+// Package telemetry is the seam through which batchers report what they do,
+// and its OpenTelemetry implementation.
+//
+// # The seam
+//
+// A batcher holds a [Recorder] and, when it starts, asks it for the
+// [SinkRecorder] of its codec kind ([Recorder.Sink] with Codec.Name()). It
+// then reports each batch it sends ([SinkRecorder.Flushed]) and each delivery
+// its queue refuses ([SinkRecorder.Refused]). Both are called from actors'
+// Receive and from request goroutines, so implementations are safe for
+// concurrent use and never block. [Nop] records nothing and is what an
+// instance uses when it is given no MeterProvider.
+//
+// # OpenTelemetry
+//
+// [New] builds an [OTel] from a metric.MeterProvider the caller passes in. The
+// package uses only the OpenTelemetry metric API; it never reads or sets the
+// global MeterProvider, so which SDK, readers and exporters are used is the
+// application's choice alone.
+//
+// Every instrument carries the attribute instance (the name given to New).
+// The flush and refused instruments also carry sink (Codec.Name(), such as
+// "sqs" or "pubsub"):
+//
+//	instrument                           kind               unit        extra attributes
+//	ankusa.sink_batch.flush.entries      int64 histogram    {entry}     trigger
+//	ankusa.sink_batch.flush.bytes        int64 histogram    By          trigger
+//	ankusa.sink_batch.flush.duration     float64 histogram  s           trigger
+//	ankusa.sink_batch.flush.requests     int64 counter      {request}   -
+//	ankusa.sink_batch.flush.bisections   int64 counter      {request}   -
+//	ankusa.sink_batch.refused            int64 counter      {delivery}  reason
+//	ankusa.sink_batch.batchers           int64 gauge        {batcher}   - (no sink)
+//	ankusa.sink_batch.queued             int64 gauge        {entry}     - (no sink)
+//	ankusa.sink_batch.queued_bytes       int64 gauge        By          - (no sink)
+//
+// What they mean:
+//
+//   - flush.entries and flush.bytes: the entries in one batch and their
+//     encoded size. Buckets: entries 1, 2, 5, 10, 20, 50, 100, 200, 500,
+//     1000; bytes powers of 4 from 256 B to 16 MiB.
+//   - flush.duration: from a batch's first request to its last answer, in
+//     seconds, bisections included. Buckets 1 ms to 10 s.
+//   - trigger says why the batch went out: "entries" (it reached MaxEntries),
+//     "bytes" (it reached MaxBytes), "linger" (Linger passed) or "drain" (the
+//     instance is stopping). A batch histogram's count is the number of
+//     batches sent.
+//   - flush.requests: requests sent for batches, bisections included, so
+//     requests divided by the flush.entries count is the mean requests per
+//     batch; it is 1 when no destination refuses anything.
+//   - flush.bisections: the extra requests spent isolating messages a
+//     destination refused for their content. A steady rate means some
+//     producer keeps sending something the destination will not take.
+//   - refused: deliveries answered with a messages.RetryAfterError because
+//     the destination's queue was full; reason names the bound: "entries"
+//     (QueueMax), "bytes" (QueueMaxBytes) or "tenant" (TenantMax).
+//   - batchers, queued and queued_bytes: the instance's running batchers and
+//     the entries and bytes they hold, read at each collection from the
+//     gauges func given to New. [Gauges] describes the whole instance, so
+//     these carry instance only, not sink. [OTel.Close] unregisters the
+//     callback; until then the func must stay safe to call.
+//
+// Recording costs no allocation of its own: [OTel.Sink] builds the attribute
+// sets for each trigger and reason once per sink kind and caches the
+// recorder, so Flushed and Refused only hand prebuilt options to the SDK.
+//
+// # Exporting to Prometheus
+//
+// The OpenTelemetry Prometheus exporter
+// (go.opentelemetry.io/otel/exporters/prometheus) is a metric reader: the
+// application builds a MeterProvider around it and passes that provider to
+// the instance, which calls New with it:
+//
+//	reg := prometheus.NewRegistry() // github.com/prometheus/client_golang
+//	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+//	if err != nil { ... }
+//	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+//	defer mp.Shutdown(ctx)
+//	// pass mp to the instance's options
+//	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// Without WithRegisterer the exporter registers with
+// prometheus.DefaultRegisterer, a global; pass a registry as above. The
+// exporter rewrites names in Prometheus style: dots become underscores, a
+// known unit adds a suffix unless the name already ends with it, and counters
+// end in _total. With the exporter version in go.mod (v0.44.0) that gives,
+// for example, ankusa_sink_batch_flush_duration_seconds_bucket,
+// ankusa_sink_batch_flush_bytes_bucket, ankusa_sink_batch_queued_bytes and
+// ankusa_sink_batch_refused_total; units in braces such as {entry} add no
+// suffix.
+package telemetry
