@@ -1,0 +1,439 @@
+package batcher
+
+import (
+	"math"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// This file holds the batching rules: admission bounds, tenant round-robin,
+// group gating, the flush decision and the sweep of abandoned entries. The
+// queue reads no clock, starts no goroutine and sends no message: time comes
+// in as an argument (Unix nanoseconds) and liveness as a callback, so table
+// tests drive it step by step. The actor in batcher.go is its only driver.
+
+// entry is one admitted delivery.
+type entry struct {
+	deliver  *messages.Deliver
+	sender   *actor.PID // who is answered; nil: nobody
+	size     int        // Codec.Size of the message
+	deadline int64      // Unix nanoseconds after which the entry is abandoned
+	tenant   *tenant
+	lane     *lane
+	dead     bool // removed from the queue while still in its lane's slice
+}
+
+// lane is a FIFO of entries that must leave in order: one group's entries
+// (across tenants), or one tenant's ungrouped entries. A lane is in the ring
+// of the tenant that owns its head entry while it has live entries and its
+// group has no request in flight.
+type lane struct {
+	group   string
+	grouped bool
+	entries []*entry // entries[head:] are queued; dead ones are skipped
+	head    int
+	live    int   // entries not dead
+	dead    int   // dead entries in entries[head:]
+	bytes   int64 // sum of the live entries' sizes
+	gated   bool  // the group has a request in flight
+	inBatch bool  // the group is part of the batch being taken
+	owner   *tenant
+	next    *lane
+	prev    *lane
+}
+
+// tenant is one fairness unit. It is in the queue's ring while it owns at
+// least one sendable lane.
+type tenant struct {
+	name   string
+	count  int  // live entries of this tenant, sendable or gated
+	plain  lane // the tenant's ungrouped entries
+	lanes  *lane
+	next   *tenant
+	prev   *tenant
+	inRing bool
+}
+
+// settings are a destination's effective tuning, in the queue's units.
+type settings struct {
+	maxEntries    int
+	maxBytes      int
+	maxInflight   int
+	linger        int64 // nanoseconds
+	queueMax      int
+	queueMaxBytes int64
+	tenantMax     int
+}
+
+// queue is the batching rules of one destination. Not safe for concurrent
+// use: only the batcher's Receive calls it.
+type queue struct {
+	s       settings
+	tenants map[string]*tenant
+	groups  map[string]*lane
+	ring    *tenant // the tenant whose turn is next; nil when nothing is sendable
+
+	queued      int   // live entries, sendable or gated
+	queuedBytes int64 // their sizes
+	ready       int   // live entries in lanes that may be sent now
+	readyBytes  int64
+	inflight    int // requests in flight
+
+	lingerFrom  int64 // when the queue became non-empty or the last batch left
+	minDeadline int64 // no live entry has an earlier deadline; MaxInt64 when none
+	draining    bool  // send whatever is sendable, without waiting for Linger
+}
+
+func newQueue(s settings) *queue {
+	return &queue{
+		s:           s,
+		tenants:     make(map[string]*tenant),
+		groups:      make(map[string]*lane),
+		minDeadline: math.MaxInt64,
+	}
+}
+
+// admit queues e at time now, or says which bound refuses it. A refused entry
+// leaves the queue unchanged. The caller has checked that e.size fits in one
+// request.
+func (q *queue) admit(e *entry, now int64) (messages.FullReason, bool) {
+	if q.queued >= q.s.queueMax {
+		return messages.FullEntries, false
+	}
+	if q.queuedBytes+int64(e.size) > q.s.queueMaxBytes {
+		return messages.FullBytes, false
+	}
+	name := e.deliver.Message.Tenant
+	t := q.tenants[name]
+	if t != nil && t.count >= q.s.tenantMax {
+		return messages.FullTenant, false
+	}
+	if t == nil {
+		t = &tenant{name: name}
+		t.plain.owner = nil
+		q.tenants[name] = t
+	}
+	l := &t.plain
+	if g := e.deliver.Message.Group; g != "" {
+		l = q.groups[g]
+		if l == nil {
+			l = &lane{group: g, grouped: true}
+			q.groups[g] = l
+		}
+	}
+	if q.queued == 0 {
+		q.lingerFrom = now
+	}
+	e.tenant, e.lane = t, l
+	l.push(e)
+	t.count++
+	q.queued++
+	q.queuedBytes += int64(e.size)
+	q.minDeadline = min(q.minDeadline, e.deadline)
+	if !l.gated {
+		q.ready++
+		q.readyBytes += int64(e.size)
+		if l.live == 1 {
+			q.link(l, t)
+		}
+	}
+	return 0, true
+}
+
+// due reports whether a batch should be taken now, and why.
+func (q *queue) due(now int64) (telemetry.Trigger, bool) {
+	if q.ready == 0 || q.inflight >= q.s.maxInflight {
+		return 0, false
+	}
+	switch {
+	case q.ready >= q.s.maxEntries:
+		return telemetry.TriggerEntries, true
+	case q.readyBytes >= int64(q.s.maxBytes):
+		return telemetry.TriggerBytes, true
+	case q.draining:
+		return telemetry.TriggerDrain, true
+	case now-q.lingerFrom >= q.s.linger:
+		return telemetry.TriggerLinger, true
+	}
+	return 0, false
+}
+
+// wake is the earliest time after now at which the queue needs attention
+// without a new message: Linger running out, or the earliest deadline of a
+// queued entry. 0: none.
+func (q *queue) wake() int64 {
+	w := int64(math.MaxInt64)
+	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
+		w = q.lingerFrom + q.s.linger
+	}
+	if q.queued > 0 {
+		w = min(w, q.minDeadline)
+	}
+	if w == math.MaxInt64 {
+		return 0
+	}
+	return w
+}
+
+// take removes the next batch: entries one at a time round-robin across
+// tenants, at most MaxEntries and MaxBytes, each group's entries in order.
+// Entries whose deadline has passed or whose caller is gone (alive false) are
+// removed on the way and returned in dropped. The groups in the batch are
+// gated until complete is called with them. A non-empty batch counts as a
+// request in flight.
+func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
+	bytes := 0
+	for len(batch) < q.s.maxEntries && q.ring != nil {
+		t := q.ring
+		l := t.lanes
+		e := l.entries[l.head]
+		if e.deadline <= now || !alive(e) {
+			q.remove(e)
+			dropped = append(dropped, e)
+			continue
+		}
+		if bytes+e.size > q.s.maxBytes {
+			break
+		}
+		q.pop(l)
+		batch = append(batch, e)
+		bytes += e.size
+		if l.grouped && !l.inBatch {
+			l.inBatch = true
+			groups = append(groups, l)
+		}
+		// The turn passes to the next tenant, and within this tenant to its
+		// next lane, before l is moved to whoever owns its new head.
+		if l.owner == t {
+			t.lanes = l.next
+		}
+		q.ring = t.next
+		q.settle(l)
+	}
+	for _, l := range groups {
+		l.inBatch = false
+		q.gate(l)
+	}
+	if len(batch) > 0 {
+		q.inflight++
+		q.lingerFrom = now
+	}
+	return batch, groups, dropped
+}
+
+// complete ends a request taken by take: its groups may send again.
+func (q *queue) complete(groups []*lane) {
+	q.inflight--
+	for _, l := range groups {
+		l.gated = false
+		q.ready += l.live
+		q.readyBytes += l.bytes
+		q.settle(l)
+	}
+}
+
+// sweep removes every entry whose deadline has passed or whose caller is
+// gone, and returns them. It costs O(queue); the driver calls it when room is
+// needed or a deadline has passed, not per delivery.
+func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
+	minDeadline := int64(math.MaxInt64)
+	visit := func(l *lane) {
+		for i := l.head; i < len(l.entries); i++ {
+			e := l.entries[i]
+			if e.dead {
+				continue
+			}
+			if e.deadline <= now || !alive(e) {
+				dropped = append(dropped, e)
+				q.remove(e)
+				continue
+			}
+			minDeadline = min(minDeadline, e.deadline)
+		}
+	}
+	for _, t := range q.tenants {
+		visit(&t.plain)
+	}
+	for _, l := range q.groups {
+		visit(l)
+	}
+	q.minDeadline = minDeadline
+	return dropped
+}
+
+// drainAll removes and returns every queued entry, for a batcher that answers
+// them all at once (restart, abort). Requests in flight stay counted.
+func (q *queue) drainAll() []*entry {
+	var all []*entry
+	for _, t := range q.tenants {
+		all = t.plain.appendLive(all)
+	}
+	for _, l := range q.groups {
+		all = l.appendLive(all)
+	}
+	for _, e := range all {
+		q.remove(e)
+	}
+	return all
+}
+
+// pop removes l's head entry, which the caller has checked is live.
+func (q *queue) pop(l *lane) *entry {
+	e := l.entries[l.head]
+	l.entries[l.head] = nil
+	l.head++
+	q.forget(e)
+	return e
+}
+
+// remove takes a live entry out of the queue wherever it stands in its lane.
+func (q *queue) remove(e *entry) {
+	e.dead = true
+	e.lane.dead++
+	q.forget(e)
+	q.settle(e.lane)
+}
+
+// forget updates the counts for a live entry leaving the queue.
+func (q *queue) forget(e *entry) {
+	l, t := e.lane, e.tenant
+	size := int64(e.size)
+	l.live--
+	l.bytes -= size
+	if !l.gated {
+		q.ready--
+		q.readyBytes -= size
+	}
+	q.queued--
+	q.queuedBytes -= size
+	t.count--
+	if t.count == 0 {
+		delete(q.tenants, t.name)
+	}
+}
+
+// gate marks l's group as having a request in flight: its entries wait.
+func (q *queue) gate(l *lane) {
+	l.gated = true
+	q.ready -= l.live
+	q.readyBytes -= l.bytes
+	q.settle(l)
+}
+
+// settle puts l where it belongs after a change: in the ring of the tenant
+// owning its head when it has live entries and is not gated, nowhere
+// otherwise; an empty, idle group lane is deleted.
+func (q *queue) settle(l *lane) {
+	for l.head < len(l.entries) && l.entries[l.head].dead {
+		l.entries[l.head] = nil
+		l.head++
+		l.dead--
+	}
+	var want *tenant
+	if l.live > 0 && !l.gated {
+		want = l.entries[l.head].tenant
+	}
+	if l.owner != want {
+		if l.owner != nil {
+			q.unlink(l)
+		}
+		if want != nil {
+			q.link(l, want)
+		}
+	}
+	if l.live == 0 {
+		clear(l.entries[l.head:])
+		l.entries, l.head, l.dead = l.entries[:0], 0, 0
+		if l.grouped && !l.gated && !l.inBatch {
+			delete(q.groups, l.group)
+		}
+	}
+}
+
+// link puts l last in t's turn, and t last in the queue's turn if it had no
+// sendable lane.
+func (q *queue) link(l *lane, t *tenant) {
+	l.owner = t
+	if t.lanes == nil {
+		l.next, l.prev = l, l
+		t.lanes = l
+	} else {
+		l.next, l.prev = t.lanes, t.lanes.prev
+		l.prev.next, l.next.prev = l, l
+	}
+	if t.inRing {
+		return
+	}
+	t.inRing = true
+	if q.ring == nil {
+		t.next, t.prev = t, t
+		q.ring = t
+		return
+	}
+	t.next, t.prev = q.ring, q.ring.prev
+	t.prev.next, t.next.prev = t, t
+}
+
+// unlink takes l out of its owner's turn, and the owner out of the queue's
+// turn when it has no sendable lane left.
+func (q *queue) unlink(l *lane) {
+	t := l.owner
+	l.owner = nil
+	if l.next == l {
+		t.lanes = nil
+	} else {
+		l.prev.next, l.next.prev = l.next, l.prev
+		if t.lanes == l {
+			t.lanes = l.next
+		}
+	}
+	l.next, l.prev = nil, nil
+	if t.lanes != nil {
+		return
+	}
+	t.inRing = false
+	if t.next == t {
+		q.ring = nil
+	} else {
+		t.prev.next, t.next.prev = t.next, t.prev
+		if q.ring == t {
+			q.ring = t.next
+		}
+	}
+	t.next, t.prev = nil, nil
+}
+
+// push appends e, compacting the lane when dead entries outnumber live ones
+// so that a lane whose callers keep giving up does not grow without bound.
+func (l *lane) push(e *entry) {
+	if l.dead > 16 && l.dead > l.live {
+		n := 0
+		for _, x := range l.entries[l.head:] {
+			if !x.dead {
+				l.entries[n] = x
+				n++
+			}
+		}
+		clear(l.entries[n:])
+		l.entries, l.head, l.dead = l.entries[:n], 0, 0
+	} else if l.head > 0 && l.head >= len(l.entries)/2 && len(l.entries) == cap(l.entries) {
+		n := copy(l.entries, l.entries[l.head:])
+		clear(l.entries[n:])
+		l.entries, l.head = l.entries[:n], 0
+	}
+	l.entries = append(l.entries, e)
+	l.live++
+	l.bytes += int64(e.size)
+}
+
+func (l *lane) appendLive(all []*entry) []*entry {
+	for _, e := range l.entries[l.head:] {
+		if !e.dead {
+			all = append(all, e)
+		}
+	}
+	return all
+}
