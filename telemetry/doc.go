@@ -8,8 +8,8 @@
 // then reports each batch it sends ([SinkRecorder.Flushed]) and each delivery
 // its queue refuses ([SinkRecorder.Refused]). Both are called from actors'
 // Receive and from request goroutines, so implementations are safe for
-// concurrent use and never block. [Nop] records nothing and is what an
-// instance uses when it is given no MeterProvider.
+// concurrent use and never block. [Nop] records nothing, for an instance
+// given no MeterProvider.
 //
 // # OpenTelemetry
 //
@@ -46,7 +46,7 @@
 //     batches sent.
 //   - flush.requests: requests sent for batches, bisections included, so
 //     requests divided by the flush.entries count is the mean requests per
-//     batch; it is 1 when no destination refuses anything.
+//     batch; it is 1 when nothing had to be bisected.
 //   - flush.bisections: the extra requests spent isolating messages a
 //     destination refused for their content. A steady rate means some
 //     producer keeps sending something the destination will not take.
