@@ -1,0 +1,165 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors/supervisor"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// Defaults for a zero Config field.
+const (
+	DefaultName            = "sinkbatch"
+	DefaultSinkConcurrency = 8
+	DefaultTimeout         = 30 * time.Second
+)
+
+// Config configures an Instance. A zero field takes its default.
+type Config struct {
+	// Name is the instance's name: in actor names, logs and the metric
+	// attribute "instance". Letters, digits, '-', '_' and '.'; default
+	// "sinkbatch". Two instances in one actor system need different names.
+	Name string
+	// SinkConcurrency is the default Tuning.MaxInflight: requests in flight
+	// per destination. Default 8.
+	SinkConcurrency int
+	// DefaultTimeout bounds deliveries that carry no deadline. Default 30s.
+	DefaultTimeout time.Duration
+	// Logger receives the instance's logs; nil: the actor system's logger.
+	Logger *slog.Logger
+	// Recorder receives flushes and refusals; nil: none are recorded.
+	// telemetry.New builds one on an OpenTelemetry MeterProvider.
+	Recorder telemetry.Recorder
+}
+
+// Stats is a snapshot of an instance's batchers and queues.
+type Stats struct {
+	Batchers    int   // batchers running
+	Queued      int   // entries waiting, not in a request
+	QueuedBytes int64 // their Size
+	InFlight    int   // requests in flight
+}
+
+// Instance is a running sinkbatch: one supervisor and a batcher per
+// destination it has been sent to. Its methods are safe for concurrent use.
+type Instance struct {
+	system  *actor.ActorSystem
+	cfg     Config
+	sup     *supervisor.Supervisor
+	timeout time.Duration
+}
+
+// Start starts an instance in system. It returns an error if the config is
+// invalid or the name is taken in this actor system. Stop it with Stop:
+// system.Shutdown does not stop actors.
+func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
+	if system == nil {
+		return nil, fmt.Errorf("sinkbatch: Start: nil actor system")
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if err := supervisor.CheckName(cfg.Name); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.SinkConcurrency < 0:
+		return nil, fmt.Errorf("sinkbatch: Config.SinkConcurrency %d is negative", cfg.SinkConcurrency)
+	case cfg.DefaultTimeout < 0:
+		return nil, fmt.Errorf("sinkbatch: Config.DefaultTimeout %v is negative", cfg.DefaultTimeout)
+	}
+	if cfg.SinkConcurrency == 0 {
+		cfg.SinkConcurrency = DefaultSinkConcurrency
+	}
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = system.Logger()
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = telemetry.Nop{}
+	}
+	sup, err := supervisor.Start(system, supervisor.Config{
+		Name:            cfg.Name,
+		SinkConcurrency: cfg.SinkConcurrency,
+		DefaultTimeout:  cfg.DefaultTimeout,
+		Logger:          cfg.Logger,
+		Recorder:        cfg.Recorder,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Instance{system: system, cfg: cfg, sup: sup, timeout: cfg.DefaultTimeout}, nil
+}
+
+// Deliver sends m to the destination c describes and returns when m's own
+// result is known: the destination's message id, or why it was not accepted
+// (see package messages for what each error means). It waits until ctx's
+// deadline, or DefaultTimeout when ctx has none; if ctx ends first, Deliver
+// returns ctx.Err() and m is never sent unless its batch already left.
+func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if i.sup.Stopping() {
+		return "", messages.ErrStopped
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(i.timeout)
+	}
+	f := i.system.Root.RequestFuture(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, time.Until(deadline))
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() {
+			i.sup.Cancelled(c)
+			i.system.Root.Stop(f.PID())
+		})
+	}
+	res, err := f.Result()
+	if stop != nil {
+		stop()
+	}
+	if d, ok := res.(*messages.Delivered); ok {
+		return d.ID, d.Err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return "", cerr // the future was stopped, or timed out, because ctx ended
+	}
+	if errors.Is(err, actor.ErrTimeout) {
+		return "", fmt.Errorf("sinkbatch: no answer before the deadline: %w", context.DeadlineExceeded)
+	}
+	return "", fmt.Errorf("sinkbatch: deliver: no answer: %v (%T)", err, res)
+}
+
+// PID is where actors send *messages.Deliver, with ctx.Request or a future,
+// to be answered with one *messages.Delivered. The PID runs no mailbox of its
+// own: the send goes from the sender's goroutine straight to the
+// destination's batcher.
+func (i *Instance) PID() *actor.PID { return i.sup.PID() }
+
+// Stats reads the instance's counters. It is cheap (four atomic loads) and
+// safe from any goroutine.
+func (i *Instance) Stats() Stats {
+	s := i.sup.Stats()
+	return Stats{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes, InFlight: s.InFlight}
+}
+
+// Stop stops the instance, in this order: new deliveries are answered with
+// messages.ErrStopped; every batcher sends what it has queued at once (no
+// linger) and waits for its requests in flight; when every delivery received
+// before Stop is answered, the batchers and their supervisor are stopped and
+// the PID is unregistered. If ctx ends first, whatever is still queued or in
+// flight is answered with ErrStopped, in-flight requests are cancelled, and
+// Stop returns an error wrapping ctx.Err(). Stop may be called more than
+// once; later calls wait for the first.
+func (i *Instance) Stop(ctx context.Context) error { return i.sup.Stop(ctx) }

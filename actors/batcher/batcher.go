@@ -1,0 +1,415 @@
+package batcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// Idle tells the batcher's parent that it has had nothing queued or in flight
+// for its IdleTimeout, after receiving Received deliveries in all. The parent
+// stops it only if it forwarded exactly that many.
+type Idle struct {
+	Who      *actor.PID
+	Received uint64
+}
+
+// Drain tells a batcher that the instance is stopping: send everything
+// queued at once, and report Drained once Expect deliveries have been
+// received and every one of them is answered.
+type Drain struct{ Expect uint64 }
+
+// Drained is a batcher's answer to Drain.
+type Drained struct{ Who *actor.PID }
+
+// Abort tells a batcher to answer everything it holds with ErrStopped now:
+// Stop's context expired.
+type Abort struct{}
+
+// tick wakes the batcher when linger, a deadline or its idle timeout runs out.
+type tick struct{}
+
+// done reports that a request goroutine has finished its batch.
+type done struct{ batch *inflight }
+
+// inflight is a batch whose request is running. Its callers are answered
+// exactly once, by whoever first sets claimed: the request goroutine with the
+// results, or the batcher when it restarts or aborts.
+type inflight struct {
+	claimed atomic.Bool
+	entries []*entry
+	groups  []*lane
+	epoch   uint64
+	cancel  context.CancelFunc
+}
+
+var errExpired = fmt.Errorf("sinkbatch: the deadline passed before the message was sent: %w", context.DeadlineExceeded)
+
+// Props returns the props of a batcher for p's destination.
+func Props(p *Params) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p} })
+}
+
+// Batcher is the actor that owns one destination's queue. It admits
+// deliveries, decides when a batch goes out, runs each request on its own
+// goroutine and answers every caller exactly once. All its fields are touched
+// only from Receive, except those the request goroutines read, which are set
+// in Started and never change.
+type Batcher struct {
+	p         *Params
+	system    *actor.ActorSystem
+	self      *actor.PID
+	log       *slog.Logger
+	validator codec.Validator
+	q         *queue
+	epoch     uint64
+	running   map[*inflight]struct{}
+	aliveFn   func(*entry) bool
+	tickMsg   *tick
+
+	now          int64 // Unix nanoseconds at the start of the message being handled
+	timer        *time.Timer
+	armed        int64
+	idleSince    int64
+	idleReported bool
+	draining     bool
+	expect       uint64
+	drainedSent  bool
+	cancelsSeen  uint64
+
+	// The delivery being handled, until it is queued or answered: a panic
+	// in between leaves it here for Restarting to answer.
+	current       *messages.Deliver
+	currentSender *actor.PID
+
+	published struct {
+		queued, inflight int
+		bytes            int64
+	}
+}
+
+// Receive handles one message. It never blocks: requests run on their own
+// goroutines and report back with a done message.
+func (b *Batcher) Receive(ctx actor.Context) {
+	b.now = time.Now().UnixNano()
+	switch m := ctx.Message().(type) {
+	case *messages.Deliver:
+		b.deliver(ctx.Sender(), m)
+	case *done:
+		if m.batch.epoch == b.epoch {
+			delete(b.running, m.batch)
+			b.q.complete(m.batch.groups)
+		}
+	case *tick:
+		b.armed = 0
+	case *Drain:
+		b.draining, b.q.draining, b.expect = true, true, m.Expect
+	case *Abort:
+		b.answerAll(messages.ErrStopped)
+	case *actor.Started:
+		b.start(ctx)
+	case *actor.Restarting:
+		b.answerAll(messages.ErrBatcherDown)
+		b.stopTimer()
+		b.unpublish()
+		return
+	case *actor.Stopping:
+		b.answerAll(messages.ErrStopped)
+		b.stopTimer()
+		b.unpublish()
+		return
+	default:
+		return
+	}
+	b.settle(ctx)
+}
+
+func (b *Batcher) start(ctx actor.Context) {
+	b.system = ctx.ActorSystem()
+	b.self = ctx.Self()
+	b.log = b.p.Logger
+	b.validator, _ = b.p.Codec.(codec.Validator)
+	b.q = newQueue(settingsOf(b.p.Tuning))
+	b.p.epochs++
+	b.epoch = b.p.epochs
+	b.running = make(map[*inflight]struct{})
+	b.aliveFn = b.alive
+	b.tickMsg = &tick{}
+	if b.epoch == 1 {
+		b.log.Info("sinkbatch: batcher started")
+	}
+}
+
+func (b *Batcher) deliver(sender *actor.PID, d *messages.Deliver) {
+	b.p.received++
+	b.current, b.currentSender = d, sender
+	deadline := b.now + int64(b.p.DefaultTimeout)
+	if !d.Deadline.IsZero() {
+		deadline = d.Deadline.UnixNano()
+	}
+	var err error
+	if deadline <= b.now {
+		err = errExpired
+	} else if b.validator != nil {
+		err = b.validator.Validate(d.Message)
+	}
+	if err != nil {
+		b.current = nil
+		b.reply(sender, d, codec.Result{Err: err})
+		return
+	}
+	size := b.p.Codec.Size(d.Message)
+	if size > b.p.Tuning.MaxBytes {
+		b.current = nil
+		err := fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
+		b.reply(sender, d, codec.Result{Err: err})
+		return
+	}
+	e := &entry{deliver: d, sender: sender, size: max(size, 0), deadline: deadline}
+	reason, ok := b.q.admit(e, b.now)
+	if !ok {
+		// Room held by callers that gave up is not room: look for them
+		// only when one may have (a deadline passed, a caller cancelled).
+		if c := b.p.Cancels.Load(); b.now >= b.q.minDeadline || c != b.cancelsSeen {
+			b.cancelsSeen = c
+			b.answerDropped(b.q.sweep(b.now, b.aliveFn))
+			reason, ok = b.q.admit(e, b.now)
+		}
+	}
+	b.current = nil
+	if !ok {
+		after := time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
+		b.p.Recorder.Refused(reason)
+		b.reply(sender, d, codec.Result{Err: &messages.RetryAfterError{After: after, Reason: reason}})
+	}
+}
+
+// settle runs after every message: send what is due, expire what is late,
+// publish the counters, report idleness or the end of a drain, and arm the
+// timer for the next thing that will be due without a message.
+func (b *Batcher) settle(ctx actor.Context) {
+	for {
+		trigger, ok := b.q.due(b.now)
+		if !ok {
+			break
+		}
+		batch, groups, dropped := b.q.take(b.now, b.aliveFn)
+		b.answerDropped(dropped)
+		if len(batch) == 0 {
+			break
+		}
+		b.launch(batch, groups, trigger)
+	}
+	if b.q.queued > 0 && b.now >= b.q.minDeadline {
+		b.answerDropped(b.q.sweep(b.now, b.aliveFn))
+	}
+	b.publish()
+
+	wake := b.q.wake()
+	if b.q.queued > 0 || b.q.inflight > 0 {
+		b.idleSince, b.idleReported = 0, false
+	} else if b.draining {
+		if !b.drainedSent && b.p.received == b.expect {
+			b.drainedSent = true
+			ctx.Send(ctx.Parent(), &Drained{Who: b.self})
+		}
+	} else if !b.idleReported {
+		if b.idleSince == 0 {
+			b.idleSince = b.now
+		}
+		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
+			b.idleReported = true
+			ctx.Send(ctx.Parent(), &Idle{Who: b.self, Received: b.p.received})
+		} else {
+			wake = b.idleSince + int64(b.p.Tuning.IdleTimeout)
+		}
+	}
+	b.arm(wake)
+}
+
+// launch starts the request for a batch on its own goroutine.
+func (b *Batcher) launch(entries []*entry, groups []*lane, trigger telemetry.Trigger) {
+	msgs := make([]codec.Message, len(entries))
+	var deadline int64
+	bytes := 0
+	for i, e := range entries {
+		msgs[i] = e.deliver.Message
+		deadline = max(deadline, e.deadline)
+		bytes += e.size
+	}
+	// No caller waits past the latest deadline, so neither does the request.
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, deadline))
+	f := &inflight{entries: entries, groups: groups, epoch: b.epoch, cancel: cancel}
+	b.running[f] = struct{}{}
+	b.p.Requests.Add(1)
+	go b.run(ctx, f, msgs, telemetry.Flush{Trigger: trigger, Entries: len(entries), Bytes: bytes})
+}
+
+// run is the request goroutine. It reads only what Started set.
+func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, report telemetry.Flush) {
+	defer b.p.Requests.Done()
+	defer f.cancel()
+	start := time.Now()
+	results := make([]codec.Result, len(msgs))
+	report.Requests = b.bisect(ctx, msgs, results)
+	report.Bisections = report.Requests - 1
+	report.Duration = time.Since(start)
+	if f.claimed.CompareAndSwap(false, true) {
+		for i, e := range f.entries {
+			b.reply(e.sender, e.deliver, results[i])
+		}
+	}
+	b.p.Recorder.Flushed(report)
+	b.system.Root.Send(b.self, &done{batch: f})
+}
+
+// bisect sends msgs and writes one result per message into out. When the
+// destination refuses the request for its content, it sends each half in
+// turn, in order, until the refused messages stand alone. It returns the
+// number of requests it took.
+func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.Result) int {
+	res, err := b.send(ctx, msgs)
+	switch {
+	case err == nil:
+		copy(out, res)
+		return 1
+	case errors.Is(err, codec.ErrRefused) && len(msgs) > 1:
+		h := len(msgs) / 2
+		return 1 + b.bisect(ctx, msgs[:h], out[:h]) + b.bisect(ctx, msgs[h:], out[h:])
+	}
+	if errors.Is(err, codec.ErrRefused) {
+		b.log.Warn("sinkbatch: the destination refused a message", slog.Any("error", err))
+	}
+	for i := range out {
+		out[i] = codec.Result{Err: err}
+	}
+	return 1
+}
+
+// send makes one request, turning a panic or a result slice of the wrong
+// length into an error for the whole request.
+func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: codec panicked in SendBatch", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			res, err = nil, fmt.Errorf("%w: %v", codec.ErrCodecPanic, r)
+		}
+	}()
+	res, err = b.p.Codec.SendBatch(ctx, msgs)
+	if err == nil && len(res) != len(msgs) {
+		return nil, fmt.Errorf("%w: %d results for %d messages", codec.ErrResultCount, len(res), len(msgs))
+	}
+	return res, err
+}
+
+func (b *Batcher) reply(sender *actor.PID, d *messages.Deliver, r codec.Result) {
+	if sender == nil {
+		return
+	}
+	b.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+}
+
+// alive reports whether e's caller still waits: a future that timed out or
+// was stopped has left the process registry.
+func (b *Batcher) alive(e *entry) bool {
+	if e.sender == nil {
+		return true
+	}
+	_, ok := b.system.ProcessRegistry.Get(e.sender)
+	return ok
+}
+
+// answerDropped answers the entries the queue dropped: those whose deadline
+// passed get errExpired if their caller still listens; those whose caller is
+// gone get nothing.
+func (b *Batcher) answerDropped(dropped []*entry) {
+	for _, e := range dropped {
+		if e.deadline <= b.now && b.alive(e) {
+			b.reply(e.sender, e.deliver, codec.Result{Err: errExpired})
+		}
+	}
+}
+
+// answerAll answers every caller the batcher holds with err: the delivery
+// being handled, every queued entry, and every request in flight, whose late
+// result is then ignored.
+func (b *Batcher) answerAll(err error) {
+	if b.q == nil {
+		return
+	}
+	if b.current != nil {
+		b.reply(b.currentSender, b.current, codec.Result{Err: err})
+		b.current = nil
+	}
+	for _, e := range b.q.drainAll() {
+		if b.alive(e) {
+			b.reply(e.sender, e.deliver, codec.Result{Err: err})
+		}
+	}
+	for f := range b.running {
+		if f.claimed.CompareAndSwap(false, true) {
+			for _, e := range f.entries {
+				b.reply(e.sender, e.deliver, codec.Result{Err: err})
+			}
+		}
+		f.cancel()
+	}
+}
+
+func (b *Batcher) arm(wake int64) {
+	if wake == 0 || (b.armed != 0 && b.armed <= wake) {
+		return
+	}
+	d := time.Duration(max(wake-b.now, 0))
+	if b.timer == nil {
+		b.timer = time.AfterFunc(d, b.fire)
+	} else {
+		b.timer.Reset(d)
+	}
+	b.armed = wake
+}
+
+func (b *Batcher) fire() { b.system.Root.Send(b.self, b.tickMsg) }
+
+func (b *Batcher) stopTimer() {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+}
+
+// publish adds the changes since the last message to the instance's counters.
+func (b *Batcher) publish() {
+	c := b.p.Counters
+	if d := b.q.queued - b.published.queued; d != 0 {
+		c.Queued.Add(int64(d))
+		b.published.queued = b.q.queued
+	}
+	if d := b.q.queuedBytes - b.published.bytes; d != 0 {
+		c.QueuedBytes.Add(d)
+		b.published.bytes = b.q.queuedBytes
+	}
+	if d := b.q.inflight - b.published.inflight; d != 0 {
+		c.InFlight.Add(int64(d))
+		b.published.inflight = b.q.inflight
+	}
+}
+
+// unpublish takes this incarnation's share out of the counters when it ends.
+func (b *Batcher) unpublish() {
+	c := b.p.Counters
+	c.Queued.Add(-int64(b.published.queued))
+	c.QueuedBytes.Add(-b.published.bytes)
+	c.InFlight.Add(-int64(b.published.inflight))
+	b.published.queued, b.published.bytes, b.published.inflight = 0, 0, 0
+}

@@ -1,0 +1,120 @@
+package batcher
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// Counters are an instance's queue state. Batchers add their changes as they
+// happen; Stats reads them from any goroutine without asking an actor.
+type Counters struct {
+	Batchers    atomic.Int64
+	Queued      atomic.Int64 // entries waiting, not in a request
+	QueuedBytes atomic.Int64
+	InFlight    atomic.Int64 // requests in flight
+}
+
+// Params configure one batcher incarnation: one per destination from the
+// first delivery until the batcher stops idle. They outlive restarts, so what
+// must survive a crash (the count of deliveries received, the epoch counter
+// that tells a stale request result from a fresh one) lives here rather than
+// in the actor.
+type Params struct {
+	Name           string // the destination's name: the actor's name, in logs
+	Codec          codec.Codec
+	Tuning         codec.Tuning // resolved by Resolve: no zero field
+	DefaultTimeout time.Duration
+	Logger         *slog.Logger
+	Recorder       telemetry.SinkRecorder
+	Counters       *Counters
+	Requests       *sync.WaitGroup // request goroutines; Stop waits for them
+	// Cancels counts callers of this destination that gave up before their
+	// deadline. A batcher refusing for fullness sweeps the queue only when it
+	// or the earliest deadline has moved, so a full queue costs O(1) per
+	// refused delivery.
+	Cancels *atomic.Uint64
+
+	received uint64 // deliveries received, across restarts; only the actor touches it
+	epochs   uint64 // incarnations of the actor object, across restarts
+}
+
+// Resolve checks a codec's Limits and Tuning and returns the tuning with
+// every zero field replaced by its default. MaxInflight defaults to
+// sinkConcurrency. The error names the value that is wrong.
+func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
+	lim := c.Limits()
+	if lim.MaxEntries <= 0 {
+		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Limits().MaxEntries %d is not positive", c.Name(), lim.MaxEntries)
+	}
+	if lim.MaxBytes <= 0 {
+		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes)
+	}
+	t := c.Tuning()
+	bad := func(field string, v any, why string) (codec.Tuning, error) {
+		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Tuning.%s %v %s", c.Name(), field, v, why)
+	}
+	switch {
+	case t.MaxEntries < 0:
+		return bad("MaxEntries", t.MaxEntries, "is negative")
+	case t.MaxEntries > lim.MaxEntries:
+		return bad("MaxEntries", t.MaxEntries, fmt.Sprintf("is above the destination's limit %d", lim.MaxEntries))
+	case t.MaxBytes < 0:
+		return bad("MaxBytes", t.MaxBytes, "is negative")
+	case t.MaxBytes > lim.MaxBytes:
+		return bad("MaxBytes", t.MaxBytes, fmt.Sprintf("is above the destination's limit %d", lim.MaxBytes))
+	case t.Linger < 0:
+		return bad("Linger", t.Linger, "is negative")
+	case t.MaxInflight < 0:
+		return bad("MaxInflight", t.MaxInflight, "is negative")
+	case t.QueueMax < 0:
+		return bad("QueueMax", t.QueueMax, "is negative")
+	case t.QueueMaxBytes < 0:
+		return bad("QueueMaxBytes", t.QueueMaxBytes, "is negative")
+	case t.TenantMax < 0:
+		return bad("TenantMax", t.TenantMax, "is negative")
+	case t.RetryAfterMax < 0:
+		return bad("RetryAfterMax", t.RetryAfterMax, "is negative")
+	case t.IdleTimeout < 0:
+		return bad("IdleTimeout", t.IdleTimeout, "is negative")
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&t.MaxEntries, lim.MaxEntries)
+	def(&t.MaxBytes, lim.MaxBytes)
+	def(&t.MaxInflight, sinkConcurrency)
+	def(&t.QueueMax, codec.DefaultQueueMax)
+	def(&t.TenantMax, codec.DefaultTenantMax)
+	if t.QueueMaxBytes == 0 {
+		t.QueueMaxBytes = codec.DefaultQueueMaxBytes
+	}
+	defDur(&t.Linger, codec.DefaultLinger)
+	defDur(&t.RetryAfterMax, codec.DefaultRetryAfterMax)
+	defDur(&t.IdleTimeout, codec.DefaultIdleTimeout)
+	return t, nil
+}
+
+func settingsOf(t codec.Tuning) settings {
+	return settings{
+		maxEntries:    t.MaxEntries,
+		maxBytes:      t.MaxBytes,
+		maxInflight:   t.MaxInflight,
+		linger:        int64(t.Linger),
+		queueMax:      t.QueueMax,
+		queueMaxBytes: t.QueueMaxBytes,
+		tenantMax:     t.TenantMax,
+	}
+}

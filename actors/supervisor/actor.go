@@ -1,0 +1,190 @@
+package supervisor
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// spawn asks the supervisor actor to start a route's batcher.
+type spawn struct{ route *route }
+
+// stopAll asks the supervisor actor to drain every batcher; it closes done
+// once every delivery received before Stop is answered.
+type stopAll struct{ done chan struct{} }
+
+// supervisorActor is the Supervisor seen as the parent of the batchers. Its
+// state lives in the Supervisor, so a restart of this actor loses nothing.
+type supervisorActor Supervisor
+
+func (a *supervisorActor) Receive(ctx actor.Context) {
+	s := (*Supervisor)(a)
+	switch m := ctx.Message().(type) {
+	case *spawn:
+		s.spawn(ctx, m.route)
+	case *batcher.Idle:
+		s.idle(ctx, m)
+	case *actor.Terminated:
+		s.terminated(ctx, m.Who)
+	case *stopAll:
+		s.drainAll(ctx, m.done)
+	case *batcher.Drained:
+		if rt := s.children[m.Who.Id]; rt != nil {
+			rt.draining = false
+		}
+		s.checkDrained()
+	case *batcher.Abort:
+		for _, rt := range s.children {
+			if rt.draining {
+				ctx.Send(rt.pid, m)
+			}
+		}
+	}
+}
+
+// spawn starts rt's batcher and hands it the deliveries held meanwhile, in
+// order, before opening the route.
+func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
+	if s.stopping.Load() {
+		s.retire(rt)
+		s.checkDrained()
+		return
+	}
+	p := &batcher.Params{
+		Name:           rt.name,
+		Codec:          rt.codec,
+		Tuning:         rt.tuning,
+		DefaultTimeout: s.cfg.DefaultTimeout,
+		Logger:         s.log.With(slog.String("sink", rt.codec.Name()), slog.String("destination", rt.name)),
+		Recorder:       s.cfg.Recorder.Sink(rt.codec.Name()),
+		Counters:       &s.counters,
+		Requests:       &s.requests,
+		Cancels:        &rt.cancels,
+	}
+	pid, err := ctx.SpawnNamed(batcher.Props(p), rt.name)
+	if err != nil {
+		// Only a name still taken can fail here, and the old batcher's
+		// Terminated has been seen: answer rather than hold forever.
+		s.log.Error("sinkbatch: could not start a batcher", slog.String("destination", rt.name), slog.Any("error", err))
+		s.retireWith(rt, fmt.Errorf("%w: %v", errSpawn, err))
+		return
+	}
+	proc, _ := s.system.ProcessRegistry.Get(pid)
+	s.children[pid.Id] = rt
+	s.counters.Batchers.Add(1)
+	rt.pid, rt.idleStopping = pid, false
+	rt.mu.Lock()
+	rt.target.Store(&target{pid: pid, proc: proc})
+	for _, m := range rt.held {
+		proc.SendUserMessage(pid, m)
+	}
+	rt.state.Store(uint64(len(rt.held)))
+	rt.held = nil
+	rt.mu.Unlock()
+}
+
+// idle stops a batcher that reports idleness, if nothing was forwarded to it
+// since: the compare-and-swap closes the route only from exactly the count
+// the batcher received.
+func (s *Supervisor) idle(ctx actor.Context, m *batcher.Idle) {
+	rt := s.children[m.Who.Id]
+	if rt == nil || s.stopping.Load() || rt.idleStopping {
+		return
+	}
+	if rt.state.CompareAndSwap(m.Received, m.Received|closed) {
+		rt.idleStopping = true
+		ctx.Stop(m.Who)
+	}
+}
+
+// terminated retires a stopped batcher's route, or starts its replacement
+// when deliveries arrived while it stopped. protoactor frees the name before
+// it sends Terminated, so the replacement can take it at once.
+func (s *Supervisor) terminated(ctx actor.Context, who *actor.PID) {
+	rt := s.children[who.Id]
+	if rt == nil {
+		return
+	}
+	delete(s.children, who.Id)
+	s.counters.Batchers.Add(-1)
+	rt.mu.Lock()
+	respawn := len(rt.held) > 0 && !s.stopping.Load()
+	rt.mu.Unlock()
+	if respawn {
+		s.spawn(ctx, rt)
+		return
+	}
+	s.log.Info("sinkbatch: batcher stopped idle", slog.String("destination", rt.name))
+	s.retire(rt)
+	s.checkDrained()
+}
+
+// retire removes rt for good and answers what it held with ErrStopped (it
+// holds something only when the instance is stopping).
+func (s *Supervisor) retire(rt *route) { s.retireWith(rt, messages.ErrStopped) }
+
+func (s *Supervisor) retireWith(rt *route, err error) {
+	rt.mu.Lock()
+	held := rt.held
+	rt.held, rt.retired = nil, true
+	s.routes.CompareAndDelete(rt.name, rt)
+	for _, k := range rt.keys {
+		s.codecs.CompareAndDelete(k, rt)
+	}
+	rt.keys = nil
+	rt.mu.Unlock()
+	for _, m := range held {
+		if _, msg, sender := actor.UnwrapEnvelope(m); sender != nil {
+			d := msg.(*messages.Deliver)
+			s.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: err})
+		}
+	}
+}
+
+// drainAll closes every route and asks each batcher to send what it holds
+// and report once it has answered every delivery forwarded to it.
+func (s *Supervisor) drainAll(ctx actor.Context, done chan struct{}) {
+	s.stopReq = done
+	for _, rt := range s.children {
+		if rt.idleStopping {
+			continue // its Terminated retires it
+		}
+		forwarded := rt.state.Or(closed) &^ closed
+		rt.draining = true
+		ctx.Send(rt.pid, &batcher.Drain{Expect: forwarded})
+	}
+	s.checkDrained()
+}
+
+func (s *Supervisor) checkDrained() {
+	if s.stopReq == nil {
+		return
+	}
+	for _, rt := range s.children {
+		if rt.draining || rt.idleStopping {
+			return
+		}
+	}
+	close(s.stopReq)
+	s.stopReq = nil
+}
+
+// restartAlways restarts a crashed batcher every time: giving up would stop
+// it while deliveries may sit in its mailbox, and protoactor drops those
+// silently. The crashed incarnation answers everything it held with
+// ErrBatcherDown before the new one starts.
+type restartAlways struct{ s *Supervisor }
+
+func (r *restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason any, _ any) {
+	name := child.Id
+	if rt := r.s.children[child.Id]; rt != nil {
+		name = rt.name
+	}
+	r.s.log.Warn("sinkbatch: batcher crashed; restarting it",
+		slog.String("destination", name), slog.String("reason", fmt.Sprint(reason)))
+	sup.RestartChildren(child)
+}

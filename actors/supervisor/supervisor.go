@@ -1,0 +1,301 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// maxKeysPerRoute bounds how many codec values one destination caches. A
+// caller that builds a new codec value per delivery still works; its
+// deliveries just digest the identity each time.
+const maxKeysPerRoute = 64
+
+// Config configures a Supervisor. Zero fields are not defaulted here: the
+// front door (package actors) does that.
+type Config struct {
+	Name            string
+	SinkConcurrency int
+	DefaultTimeout  time.Duration
+	Logger          *slog.Logger
+	Recorder        telemetry.Recorder
+}
+
+// Supervisor starts, routes to, restarts and retires one instance's
+// batchers. Its PID is a process that runs on the sender's goroutine: a
+// delivery to a known destination goes straight into that batcher's mailbox,
+// so no single mailbox carries every destination's traffic.
+type Supervisor struct {
+	system   *actor.ActorSystem
+	cfg      Config
+	log      *slog.Logger
+	key      [32]byte // keys the identity digest, so a name confirms no guessed secret
+	pid      *actor.PID
+	parent   *actor.PID
+	counters batcher.Counters
+	requests sync.WaitGroup
+	stopping atomic.Bool
+	stopped  chan struct{}
+	stopOnce sync.Once
+	stopErr  error
+
+	routes sync.Map // destination name → *route
+	codecs sync.Map // codec value → *route
+
+	// Touched only by the supervisor actor; kept here so that they survive
+	// a restart of that actor.
+	children map[string]*route // by batcher PID Id
+	stopReq  chan struct{}
+}
+
+// Stats is a snapshot of an instance's batchers and queues.
+type Stats struct {
+	Batchers    int
+	Queued      int
+	QueuedBytes int64
+	InFlight    int
+}
+
+// Start spawns the supervisor actor under the name "sinkbatch-"+cfg.Name and
+// registers the routing process beside it.
+func Start(system *actor.ActorSystem, cfg Config) (*Supervisor, error) {
+	s := &Supervisor{
+		system:   system,
+		cfg:      cfg,
+		log:      cfg.Logger.With(slog.String("instance", cfg.Name)),
+		stopped:  make(chan struct{}),
+		children: make(map[string]*route),
+	}
+	if _, err := rand.Read(s.key[:]); err != nil {
+		return nil, fmt.Errorf("sinkbatch: start: %w", err)
+	}
+	props := actor.PropsFromProducer(func() actor.Actor { return (*supervisorActor)(s) },
+		actor.WithSupervisor(&restartAlways{s: s}))
+	parent, err := system.Root.SpawnNamed(props, "sinkbatch-"+cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("sinkbatch: start instance %q: %w", cfg.Name, err)
+	}
+	s.parent = parent
+	pid, ok := system.ProcessRegistry.Add(&router{s: s}, parent.Id+"/deliver")
+	if !ok {
+		system.Root.StopFuture(parent).Wait()
+		return nil, fmt.Errorf("sinkbatch: start instance %q: name taken", cfg.Name)
+	}
+	s.pid = pid
+	return s, nil
+}
+
+// PID is where actors send *messages.Deliver.
+func (s *Supervisor) PID() *actor.PID { return s.pid }
+
+// Stats reads the counters; safe from any goroutine.
+func (s *Supervisor) Stats() Stats {
+	return Stats{
+		Batchers:    int(s.counters.Batchers.Load()),
+		Queued:      int(s.counters.Queued.Load()),
+		QueuedBytes: s.counters.QueuedBytes.Load(),
+		InFlight:    int(s.counters.InFlight.Load()),
+	}
+}
+
+// Stopping reports whether Stop has been called.
+func (s *Supervisor) Stopping() bool { return s.stopping.Load() }
+
+// Cancelled notes that a caller of c's destination gave up before its
+// deadline, so that a full queue looks for the room it held.
+func (s *Supervisor) Cancelled(c codec.Codec) {
+	if !cacheable(c) {
+		return
+	}
+	if v, ok := s.codecs.Load(c); ok {
+		v.(*route).cancels.Add(1)
+	}
+}
+
+// Stop drains the instance: see actors.Instance.Stop.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	first := false
+	s.stopOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-s.stopped:
+			return s.stopErr
+		case <-ctx.Done():
+			return fmt.Errorf("sinkbatch: stop: %w", ctx.Err())
+		}
+	}
+	s.stopping.Store(true)
+	start := time.Now()
+	drained := make(chan struct{})
+	s.system.Root.Send(s.parent, &stopAll{done: drained})
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		s.system.Root.Send(s.parent, &batcher.Abort{})
+		err = fmt.Errorf("sinkbatch: stop: %w", ctx.Err())
+	}
+	// protoactor's Shutdown does not stop actors: stop the batchers (a
+	// batcher answers whatever it still holds with ErrStopped) and then
+	// their supervisor.
+	_ = s.system.Root.StopFuture(s.parent).Wait()
+	waited := make(chan struct{})
+	go func() { s.requests.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		if err == nil {
+			err = fmt.Errorf("sinkbatch: stop: requests still running: %w", ctx.Err())
+		}
+	}
+	s.system.ProcessRegistry.Remove(s.pid)
+	if err != nil {
+		s.log.Warn("sinkbatch: stopped before everything was answered", slog.Any("error", err), slog.Duration("took", time.Since(start)))
+	} else {
+		s.log.Info("sinkbatch: stopped; every delivery answered", slog.Duration("took", time.Since(start)))
+	}
+	s.stopErr = err
+	close(s.stopped)
+	return err
+}
+
+// route sends one delivery on its way from the sender's goroutine.
+func (s *Supervisor) route(message any, d *messages.Deliver, sender *actor.PID) {
+	refuse := func(err error) {
+		if sender != nil {
+			s.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: err})
+		}
+	}
+	if s.stopping.Load() {
+		refuse(messages.ErrStopped)
+		return
+	}
+	if d.Codec == nil {
+		refuse(messages.ErrNilCodec)
+		return
+	}
+	for {
+		rt, err := s.lookup(d.Codec)
+		if err != nil {
+			refuse(err)
+			return
+		}
+		if rt.forward(message, &s.stopping, func() { refuse(messages.ErrStopped) }) {
+			return
+		}
+	}
+}
+
+// lookup finds c's destination, creating its route (and asking for its
+// batcher) on the first delivery. The digest is computed once per codec
+// value, not per delivery.
+func (s *Supervisor) lookup(c codec.Codec) (*route, error) {
+	cache := cacheable(c)
+	if cache {
+		if v, ok := s.codecs.Load(c); ok {
+			return v.(*route), nil
+		}
+	}
+	name, tuning, err := s.destination(c)
+	if err != nil {
+		return nil, err
+	}
+	fresh := &route{name: name, codec: c, tuning: tuning}
+	fresh.state.Store(closed)
+	v, loaded := s.routes.LoadOrStore(name, fresh)
+	rt := v.(*route)
+	if !loaded {
+		s.system.Root.Send(s.parent, &spawn{route: rt})
+	}
+	if cache {
+		rt.mu.Lock()
+		if !rt.retired && len(rt.keys) < maxKeysPerRoute {
+			rt.keys = append(rt.keys, c)
+			s.codecs.Store(c, rt)
+		}
+		rt.mu.Unlock()
+	}
+	return rt, nil
+}
+
+// destination checks c and names its destination: the codec kind and a
+// keyed digest of everything that shapes its requests.
+func (s *Supervisor) destination(c codec.Codec) (name string, tuning codec.Tuning, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("sinkbatch: codec %T panicked: %v", c, r)
+		}
+	}()
+	kind := c.Name()
+	if err := checkName("codec Name()", kind); err != nil {
+		return "", codec.Tuning{}, err
+	}
+	tuning, err = batcher.Resolve(c, s.cfg.SinkConcurrency)
+	if err != nil {
+		return "", codec.Tuning{}, err
+	}
+	mac := hmac.New(sha256.New, s.key[:])
+	mac.Write(c.Identity())
+	// The resolved tuning is part of the identity even if the codec forgot
+	// to include it: batchers run with one tuning.
+	fmt.Fprintf(mac, "\x00%+v", tuning)
+	return kind + "-" + hex.EncodeToString(mac.Sum(nil)[:12]), tuning, nil
+}
+
+// cacheable reports whether c can key the codec cache: pointers hash by
+// address, and no pointer can panic as a map key.
+func cacheable(c codec.Codec) bool {
+	return reflect.TypeOf(c).Kind() == reflect.Pointer
+}
+
+// checkName accepts names that are safe in actor names and log lines.
+func checkName(what, name string) error {
+	if name == "" || len(name) > 64 {
+		return fmt.Errorf("sinkbatch: %s %q must have 1 to 64 characters", what, name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("sinkbatch: %s %q may hold only letters, digits, '-', '_' and '.'", what, name)
+		}
+	}
+	return nil
+}
+
+// CheckName is checkName for the front door's instance name.
+func CheckName(name string) error { return checkName("instance Name", name) }
+
+// router is the process behind the instance's PID.
+type router struct{ s *Supervisor }
+
+func (r *router) SendUserMessage(_ *actor.PID, message any) {
+	_, msg, sender := actor.UnwrapEnvelope(message)
+	d, ok := msg.(*messages.Deliver)
+	if !ok {
+		r.s.log.Warn("sinkbatch: the instance takes only *messages.Deliver", slog.String("type", fmt.Sprintf("%T", msg)))
+		return
+	}
+	r.s.route(message, d, sender)
+}
+
+func (r *router) SendSystemMessage(*actor.PID, any) {}
+
+func (r *router) Stop(*actor.PID) {}
+
+// errSpawn wraps a failure to start a batcher.
+var errSpawn = errors.New("sinkbatch: could not start the destination's batcher")
