@@ -1,0 +1,96 @@
+// Package pubsub is the codec.Codec for Google Cloud Pub/Sub. It publishes
+// each batch the batcher forms with one low-level Publish call
+// (apiv1.TopicAdminClient.Publish), not through the client library's own
+// batching publisher: sinkbatch does the batching.
+//
+// # Mapping
+//
+//	codec.Message        PubsubMessage
+//	Body             ->  data
+//	Attributes       ->  attributes
+//	IdempotencyKey   ->  attributes[Config.IdempotencyAttribute] ("idempotency-key")
+//	Group            ->  ordering_key
+//	Tenant           ->  (not sent; the batcher's fairness unit)
+//
+// The message ids of a PublishResponse map back to the batch by position.
+// Subscribers that deduplicate read the idempotency attribute.
+//
+// # Limits
+//
+// One Publish request holds at most 1000 messages and 10,000,000 bytes
+// (MaxRequestMessages, MaxRequestBytes), counted on the serialized
+// PublishRequest. Size returns a message's exact share of it: the
+// PubsubMessage's encoded size plus the repeated field's tag and length
+// prefix. Limits().MaxBytes is 10,000,000 less the encoded topic field, so a
+// request packed to MaxBytes by Size is exactly 10,000,000 bytes and never
+// "10000004 > 10000000".
+//
+// Per message: data at most 10,000,000 bytes, at most 100 attributes
+// (the idempotency attribute counts), keys non-empty and at most 256 bytes,
+// values at most 1024 bytes, an ordering key of at most 1024 bytes, strings
+// valid UTF-8 (protobuf cannot encode anything else), and non-empty data or at
+// least one attribute of the user's (the idempotency attribute alone does not
+// make a message: every sinkbatch codec refuses a message without payload). pstest enforces none of this and the real service
+// enforces all of it, so the codec does: Validate (codec.Validator) answers a
+// bad message at admission with a permanent *codec.EntryError whose Code
+// names the rule (EmptyMessage, DataTooLarge, TooManyAttributes,
+// EmptyAttributeKey, AttributeKeyTooLong, AttributeValueTooLong,
+// OrderingKeyTooLong, InvalidUTF8, IdempotencyAttributeTaken,
+// MessageTooLarge) and whose Message says what is wrong. The two size errors
+// also wrap codec.ErrTooLarge. SendBatch validates again and never sends a
+// message Validate refuses.
+//
+// # Ordering keys
+//
+// Pub/Sub requires every message of one PublishRequest to carry the same
+// ordering key ("" included). The batcher may mix groups in a batch, so
+// SendBatch publishes a mixed batch as one request per key, keys in
+// parallel (at most 16 at a time), each key's messages in order; if a
+// request of a key fails for a reason other than a refusal, the key's later
+// requests of that batch are not sent (they would overtake it) and their
+// messages get a retryable error. A batch of one key is one request.
+//
+// # Errors
+//
+// A Publish call is all-or-nothing. Its failure is classified by gRPC code:
+//
+//	InvalidArgument                                       the request is refused for its content: wraps codec.ErrRefused
+//	NotFound, PermissionDenied, Unauthenticated,
+//	FailedPrecondition, Unimplemented                     permanent *codec.EntryError for every message
+//	Unavailable, DeadlineExceeded, ResourceExhausted,
+//	Aborted, Internal, Canceled, Unknown and the rest     retryable *codec.EntryError for every message
+//
+// The *codec.EntryError's Code is the gRPC code's name and its Message the
+// server's text. The gRPC error stays in the chain (status.Code works on the
+// answer), and so does ctx.Err() when the caller's context ended the call
+// (errors.Is(err, context.DeadlineExceeded) holds; that failure is
+// retryable).
+//
+// # Retries
+//
+// Exactly one layer retries: the caller. The client library would retry
+// Publish on Unavailable, Internal, ResourceExhausted, Aborted, Unknown,
+// Canceled and DeadlineExceeded for up to 60 s; the codec turns that off
+// (gax.WithRetry(nil) on every call, overriding a Config.Client's own
+// CallOptions), because a retry inside SendBatch would hold the whole batch
+// past callers' deadlines, and the caller already retries failed messages
+// with their idempotency key, guided by codec.IsPermanent. The batcher's
+// context carries the batch's deadline; DefaultTimeout (60 s) applies only
+// to a context without one.
+//
+// # Identity
+//
+// Identity covers the topic, the endpoint, a SHA-256 digest of
+// CredentialsJSON (the credentials themselves are never kept in it, nor
+// logged), Insecure, the idempotency attribute and the Tuning. ClientOptions
+// and a ready Client are opaque: describe them in Config.IdentityExtra, or
+// the codec gets an identity of its own and shares batches with no other
+// codec value. Either way two codecs with different credentials never share
+// a request.
+//
+// # Concurrency and lifecycle
+//
+// A Codec is safe for concurrent use and immutable after New. Close closes
+// the connection the codec dialled (not a Config.Client); call it after the
+// sinkbatch instance using the codec has stopped.
+package pubsub

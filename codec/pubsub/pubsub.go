@@ -1,0 +1,279 @@
+package pubsub
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"sync"
+	"time"
+
+	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
+	"github.com/googleapis/gax-go/v2"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ankusa/sinkbatch/codec"
+)
+
+// Defaults a zero Config field takes.
+const (
+	// DefaultIdempotencyAttribute is the attribute that carries
+	// Message.IdempotencyKey.
+	DefaultIdempotencyAttribute = "idempotency-key"
+	// DefaultTimeout bounds a Publish call whose ctx has no deadline. The
+	// batcher always passes one (the batch's deadline), which then wins.
+	DefaultTimeout = 60 * time.Second
+)
+
+// maxParallelPublishes bounds the Publish calls one SendBatch makes at once
+// when its batch holds several ordering keys (see the package doc).
+const maxParallelPublishes = 16
+
+// Config describes one Pub/Sub topic and how to reach it. Either Client is
+// set, or the codec dials its own client from Endpoint, CredentialsJSON,
+// Insecure and ClientOptions.
+type Config struct {
+	// Topic is the topic's full name, projects/P/topics/T. Required.
+	Topic string
+
+	// Endpoint is the service's host:port; "" is pubsub.googleapis.com:443
+	// (or $PUBSUB_EMULATOR_HOST when that is set).
+	Endpoint string
+	// CredentialsJSON authenticates the calls; nil uses Application Default
+	// Credentials. Identity holds only its SHA-256 digest.
+	CredentialsJSON []byte
+	// CredentialsType is the kind of CredentialsJSON; "" is
+	// option.ServiceAccount.
+	CredentialsType option.CredentialsType
+	// Insecure dials without TLS and without authentication, as an emulator
+	// or pstest needs. It excludes CredentialsJSON.
+	Insecure bool
+	// ClientOptions are appended to the options above when the codec dials.
+	// They are opaque to the codec: see IdentityExtra.
+	ClientOptions []option.ClientOption
+
+	// Client is a ready client for the codec to use instead of dialling its
+	// own; it excludes Endpoint, CredentialsJSON, Insecure and ClientOptions.
+	// Close leaves it open: its owner closes it.
+	Client *apiv1.TopicAdminClient
+
+	// IdentityExtra stands for what the codec cannot see in ClientOptions or
+	// Client (credentials, transport options): codecs whose explicit fields
+	// and IdentityExtra are equal must be interchangeable, since sinkbatch may
+	// send one's messages through the other. When ClientOptions or Client is
+	// set and IdentityExtra is empty, the codec's identity is unique to the
+	// codec value, so it shares batches with no other codec.
+	IdentityExtra []byte
+
+	// IdempotencyAttribute is the attribute Message.IdempotencyKey travels
+	// in; "" is DefaultIdempotencyAttribute.
+	IdempotencyAttribute string
+
+	// Tuning is the batch tuning; it may only tighten Codec.Limits.
+	Tuning codec.Tuning
+}
+
+// Codec is the codec.Codec (and codec.Validator) for one Pub/Sub topic. It
+// is safe for concurrent use and never changes after New.
+type Codec struct {
+	client   *apiv1.TopicAdminClient
+	owned    bool // the codec dialled client and closes it
+	topic    string
+	idemAttr string
+	limits   codec.Limits
+	tuning   codec.Tuning
+	identity []byte
+	callOpts []gax.CallOption
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var (
+	_ codec.Codec     = (*Codec)(nil)
+	_ codec.Validator = (*Codec)(nil)
+)
+
+var topicRE = regexp.MustCompile(`^projects/[^/]+/topics/[^/]+$`)
+
+// New checks cfg and returns a codec for its topic, dialling a client unless
+// cfg.Client is set. Dialling is lazy: New does not wait for a connection,
+// and ctx only bounds the dial's set-up. Call Close when no batcher uses the
+// codec any more.
+func New(ctx context.Context, cfg Config) (*Codec, error) {
+	if !topicRE.MatchString(cfg.Topic) {
+		return nil, fmt.Errorf("sinkbatch/pubsub: topic %q is not of the form projects/P/topics/T", cfg.Topic)
+	}
+	idemAttr := cfg.IdempotencyAttribute
+	if idemAttr == "" {
+		idemAttr = DefaultIdempotencyAttribute
+	}
+	if err := checkAttribute(idemAttr, ""); err != nil {
+		return nil, fmt.Errorf("sinkbatch/pubsub: IdempotencyAttribute %q: %w", idemAttr, err)
+	}
+	limits := codec.Limits{
+		MaxEntries: MaxRequestMessages,
+		MaxBytes:   MaxRequestBytes - topicOverhead(cfg.Topic),
+	}
+	if err := checkTuning(cfg.Tuning, limits); err != nil {
+		return nil, err
+	}
+	dialling := cfg.Endpoint != "" || cfg.CredentialsJSON != nil || cfg.Insecure || len(cfg.ClientOptions) > 0
+	if cfg.Client != nil && dialling {
+		return nil, errors.New("sinkbatch/pubsub: Client excludes Endpoint, CredentialsJSON, Insecure and ClientOptions")
+	}
+	if cfg.Insecure && cfg.CredentialsJSON != nil {
+		return nil, errors.New("sinkbatch/pubsub: Insecure excludes CredentialsJSON")
+	}
+
+	c := &Codec{
+		client:   cfg.Client,
+		topic:    cfg.Topic,
+		idemAttr: idemAttr,
+		limits:   limits,
+		tuning:   cfg.Tuning,
+		// No retries at this layer: see "Retries" in the package doc. The
+		// timeout applies only when ctx has no deadline of its own.
+		callOpts: []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
+	}
+	identity, err := identityOf(cfg, idemAttr)
+	if err != nil {
+		return nil, err
+	}
+	c.identity = identity
+	if c.client == nil {
+		client, err := apiv1.NewTopicAdminClient(ctx, dialOptions(cfg)...)
+		if err != nil {
+			return nil, fmt.Errorf("sinkbatch/pubsub: dial: %w", err)
+		}
+		c.client, c.owned = client, true
+	}
+	return c, nil
+}
+
+func dialOptions(cfg Config) []option.ClientOption {
+	var opts []option.ClientOption
+	if cfg.Endpoint != "" {
+		opts = append(opts, option.WithEndpoint(cfg.Endpoint))
+	}
+	if cfg.Insecure {
+		opts = append(opts,
+			option.WithoutAuthentication(),
+			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	}
+	if cfg.CredentialsJSON != nil {
+		typ := cfg.CredentialsType
+		if typ == "" {
+			typ = option.ServiceAccount
+		}
+		opts = append(opts, option.WithAuthCredentialsJSON(typ, cfg.CredentialsJSON))
+	}
+	return append(opts, cfg.ClientOptions...)
+}
+
+func checkTuning(t codec.Tuning, l codec.Limits) error {
+	if t.MaxEntries < 0 || t.MaxBytes < 0 || t.Linger < 0 || t.MaxInflight < 0 || t.QueueMax < 0 ||
+		t.QueueMaxBytes < 0 || t.TenantMax < 0 || t.RetryAfterMax < 0 || t.IdleTimeout < 0 {
+		return fmt.Errorf("sinkbatch/pubsub: Tuning has a negative field: %+v", t)
+	}
+	if t.MaxEntries > l.MaxEntries {
+		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxEntries %d exceeds Pub/Sub's %d", t.MaxEntries, l.MaxEntries)
+	}
+	if t.MaxBytes > l.MaxBytes {
+		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxBytes %d exceeds %d (Pub/Sub's %d less the topic field)", t.MaxBytes, l.MaxBytes, MaxRequestBytes)
+	}
+	return nil
+}
+
+// identityOf encodes every Config field that shapes a request, each
+// length-prefixed so that no two configs encode alike.
+func identityOf(cfg Config, idemAttr string) ([]byte, error) {
+	var b []byte
+	field := func(p []byte) {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	num := func(v int64) { b = binary.AppendVarint(b, v) }
+
+	field([]byte("sinkbatch/pubsub/1"))
+	field([]byte(cfg.Topic))
+	endpoint := cfg.Endpoint
+	if endpoint == "" && cfg.Client == nil {
+		// The client library dials the emulator when this is set.
+		endpoint = "env:" + os.Getenv("PUBSUB_EMULATOR_HOST")
+	}
+	field([]byte(endpoint))
+	if cfg.CredentialsJSON != nil {
+		d := sha256.Sum256(cfg.CredentialsJSON)
+		field(d[:])
+	} else {
+		field(nil)
+	}
+	field([]byte(cfg.CredentialsType))
+	if cfg.Insecure {
+		num(1)
+	} else {
+		num(0)
+	}
+	field([]byte(idemAttr))
+	t := cfg.Tuning
+	for _, v := range []int64{int64(t.MaxEntries), int64(t.MaxBytes), int64(t.Linger), int64(t.MaxInflight),
+		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout)} {
+		num(v)
+	}
+	opaque := cfg.Client != nil || len(cfg.ClientOptions) > 0
+	switch {
+	case len(cfg.IdentityExtra) > 0:
+		field([]byte("extra"))
+		field(cfg.IdentityExtra)
+	case opaque:
+		// Options the codec cannot see: share with nobody.
+		nonce := make([]byte, 16)
+		if _, err := rand.Read(nonce); err != nil {
+			return nil, fmt.Errorf("sinkbatch/pubsub: identity nonce: %w", err)
+		}
+		field([]byte("unique"))
+		field(nonce)
+	default:
+		field(nil)
+	}
+	return b, nil
+}
+
+// Name returns "pubsub".
+func (c *Codec) Name() string { return "pubsub" }
+
+// Identity returns the codec's identity: topic, endpoint, a digest of the
+// credentials, Insecure, the idempotency attribute, the tuning and
+// IdentityExtra (or a per-codec nonce; see Config.IdentityExtra). It holds no
+// raw credentials. The caller must not modify it.
+func (c *Codec) Identity() []byte { return c.identity }
+
+// Limits returns 1000 messages and MaxRequestBytes less the encoded topic
+// field (1 tag byte, its length's varint and the topic's bytes), so that a
+// request whose messages' Sizes sum to MaxBytes is exactly MaxRequestBytes.
+func (c *Codec) Limits() codec.Limits { return c.limits }
+
+// Tuning returns Config.Tuning as given; zero fields take the batcher's
+// defaults.
+func (c *Codec) Tuning() codec.Tuning { return c.tuning }
+
+// Topic returns the topic's full name.
+func (c *Codec) Topic() string { return c.topic }
+
+// Close closes the client the codec dialled; a Config.Client is left open.
+// Call it once no batcher sends through the codec. Close is idempotent.
+func (c *Codec) Close() error {
+	c.closeOnce.Do(func() {
+		if c.owned {
+			c.closeErr = c.client.Close()
+		}
+	})
+	return c.closeErr
+}

@@ -1,0 +1,648 @@
+package pubsub_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
+)
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	ok := pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true}
+	tests := []struct {
+		name string
+		edit func(*pubsub.Config)
+		want string
+	}{
+		{"no topic", func(c *pubsub.Config) { c.Topic = "" }, "is not of the form"},
+		{"short topic", func(c *pubsub.Config) { c.Topic = "topics/t" }, "is not of the form"},
+		{"topic with extra path", func(c *pubsub.Config) { c.Topic = "projects/p/topics/t/x" }, "is not of the form"},
+		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Client excludes"},
+		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Insecure excludes"},
+		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "negative"},
+		{"too many entries", func(c *pubsub.Config) { c.Tuning.MaxEntries = 1001 }, "MaxEntries 1001"},
+		{"too many bytes", func(c *pubsub.Config) { c.Tuning.MaxBytes = pubsub.MaxRequestBytes }, "MaxBytes 10000000"},
+		{"long idempotency attribute", func(c *pubsub.Config) { c.IdempotencyAttribute = strings.Repeat("k", 257) }, "IdempotencyAttribute"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ok
+			tt.edit(&cfg)
+			c, err := pubsub.New(context.Background(), cfg)
+			require.Error(t, err)
+			assert.Nil(t, c)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+		})
+	}
+
+	t.Run("tightest tuning accepted", func(t *testing.T) {
+		cfg := ok
+		cfg.Tuning = codec.Tuning{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21}
+		c, err := pubsub.New(context.Background(), cfg)
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21}, c.Limits(),
+			"limits less the topic field: tag, length, 19 bytes")
+	})
+}
+
+// newClientForTest is a ready client that New must not accept alongside
+// dial options; it is closed at clean-up.
+func newClientForTest(t *testing.T) *apiv1.TopicAdminClient {
+	t.Helper()
+	c, err := newAPIClient("127.0.0.1:1")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestIdentity(t *testing.T) {
+	newC := func(cfg pubsub.Config) *pubsub.Codec {
+		t.Helper()
+		if cfg.Topic == "" {
+			cfg.Topic = testTopic
+		}
+		c, err := pubsub.New(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	base := pubsub.Config{Endpoint: "127.0.0.1:1", Insecure: true}
+	a, b := newC(base), newC(base)
+	assert.Equal(t, a.Identity(), b.Identity(), "equal explicit configs share an identity")
+	assert.Equal(t, "pubsub", a.Name())
+
+	secret, other := serviceAccountJSON(t), serviceAccountJSON(t)
+	creds1 := newC(pubsub.Config{Endpoint: "127.0.0.1:1", CredentialsJSON: secret})
+	creds1b := newC(pubsub.Config{Endpoint: "127.0.0.1:1", CredentialsJSON: secret})
+	creds2 := newC(pubsub.Config{Endpoint: "127.0.0.1:1", CredentialsJSON: other})
+	assert.Equal(t, creds1.Identity(), creds1b.Identity())
+	assert.NotEqual(t, creds1.Identity(), creds2.Identity(), "different credentials never share")
+	assert.False(t, bytes.Contains(creds1.Identity(), secret[40:80]), "identity holds a digest, not the credentials")
+
+	differs := map[string]pubsub.Config{
+		"topic":       {Topic: "projects/p/topics/u", Endpoint: "127.0.0.1:1", Insecure: true},
+		"endpoint":    {Endpoint: "127.0.0.1:2", Insecure: true},
+		"secure":      {Endpoint: "127.0.0.1:1", CredentialsJSON: secret},
+		"idempotency": {Endpoint: "127.0.0.1:1", Insecure: true, IdempotencyAttribute: "dedup"},
+		"tuning":      {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{IdleTimeout: time.Second}},
+		"extra":       {Endpoint: "127.0.0.1:1", Insecure: true, IdentityExtra: []byte("x")},
+	}
+	for name, cfg := range differs {
+		assert.NotEqual(t, a.Identity(), newC(cfg).Identity(), name)
+	}
+
+	// Opaque client options: unique per codec unless IdentityExtra speaks for them.
+	opaque := pubsub.Config{Endpoint: "127.0.0.1:1", Insecure: true, ClientOptions: []option.ClientOption{option.WithUserAgent("x")}}
+	assert.NotEqual(t, newC(opaque).Identity(), newC(opaque).Identity())
+	opaque.IdentityExtra = []byte("user-agent x")
+	assert.Equal(t, newC(opaque).Identity(), newC(opaque).Identity())
+}
+
+// serviceAccountJSON returns service-account credentials with a fresh key.
+func serviceAccountJSON(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	pemKey := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	b, err := json.Marshal(map[string]string{
+		"type":           "service_account",
+		"private_key":    string(pemKey),
+		"client_email":   "sinkbatch@p.iam.gserviceaccount.com",
+		"private_key_id": "k1",
+		"project_id":     "p",
+		"token_uri":      "http://127.0.0.1:1/token",
+	})
+	require.NoError(t, err)
+	return b
+}
+
+func TestMappingAndReadBack(t *testing.T) {
+	rec := &recorder{}
+	srv := newServer(t, rec.option())
+	for _, attr := range []string{"", "dedup-id"} {
+		t.Run("idempotency attribute "+attr, func(t *testing.T) {
+			srv.ClearMessages()
+			c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, IdempotencyAttribute: attr})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, c.Close()) }()
+			wantAttr := attr
+			if wantAttr == "" {
+				wantAttr = pubsub.DefaultIdempotencyAttribute
+			}
+			userAttrs := map[string]string{"colour": "blue"}
+			batch := []codec.Message{
+				{Tenant: "a", Body: []byte("plain")},
+				{Tenant: "a", Body: []byte("attributed"), Attributes: userAttrs},
+				{Tenant: "b", Body: []byte("keyed"), IdempotencyKey: "k-1", Attributes: map[string]string{"x": "y"}},
+				{Tenant: "b", IdempotencyKey: "k-2", Attributes: map[string]string{"only": "attributes"}}, // no body
+			}
+			res, err := c.SendBatch(context.Background(), batch)
+			require.NoError(t, err)
+			require.Len(t, res, len(batch))
+			assert.Equal(t, map[string]string{"colour": "blue"}, userAttrs, "the caller's map is not modified")
+
+			got := srv.Messages()
+			require.Len(t, got, len(batch))
+			for i, m := range got {
+				assert.Equal(t, res[i].ID, m.ID, "ids map back by position")
+				assert.NoError(t, res[i].Err)
+				assert.Equal(t, testTopic, m.Topic)
+				assert.Equal(t, string(batch[i].Body), string(m.Data))
+				want := map[string]string{}
+				for k, v := range batch[i].Attributes {
+					want[k] = v
+				}
+				if batch[i].IdempotencyKey != "" {
+					want[wantAttr] = batch[i].IdempotencyKey
+				}
+				if len(want) == 0 {
+					want = nil
+				}
+				assert.Equal(t, want, m.Attributes, "message %d", i)
+			}
+		})
+	}
+	t.Run("ordering key", func(t *testing.T) {
+		srv.ClearMessages()
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		batch := []codec.Message{{Group: "g", Body: []byte("1")}, {Group: "g", Body: []byte("2")}}
+		before := rec.calls.Load()
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		assert.Equal(t, before+1, rec.calls.Load(), "one key, one request")
+		got := srv.Messages()
+		require.Len(t, got, 2)
+		for i := range got {
+			assert.Equal(t, "g", got[i].OrderingKey)
+			assert.Equal(t, res[i].ID, got[i].ID)
+			assert.Equal(t, string(batch[i].Body), string(got[i].Data))
+		}
+	})
+}
+
+// randomMessage draws a message whose fields cross varint boundaries.
+func randomMessage(r *rand.Rand) codec.Message {
+	lengths := []int{0, 1, 5, 126, 127, 128, 129, 255, 256, 1024, 16383, 16384, 16385}
+	pick := func() int { return lengths[r.IntN(len(lengths))] }
+	str := func(n int) string { return strings.Repeat("é", n/2) + strings.Repeat("a", n%2) }
+	m := codec.Message{Body: bytes.Repeat([]byte{0xff}, pick())}
+	if r.IntN(2) == 0 {
+		m.Group = str(min(pick(), 1024))
+	}
+	if r.IntN(2) == 0 {
+		m.IdempotencyKey = str(min(pick(), 1024))
+	}
+	if n := r.IntN(4); n > 0 {
+		m.Attributes = map[string]string{}
+		for i := range n {
+			m.Attributes[fmt.Sprintf("k%d", i)+str(min(pick(), 250))] = str(min(pick(), 1024))
+		}
+	}
+	if r.IntN(8) == 0 {
+		m.Attributes = map[string]string{"k": ""} // an empty value is still written
+	}
+	return m
+}
+
+// toProto mirrors the codec's documented mapping.
+func toProto(m codec.Message, idemAttr string) *pubsubpb.PubsubMessage {
+	attrs := map[string]string{}
+	for k, v := range m.Attributes {
+		attrs[k] = v
+	}
+	if m.IdempotencyKey != "" {
+		attrs[idemAttr] = m.IdempotencyKey
+	}
+	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
+}
+
+func TestSizeIsTheEncodedSize(t *testing.T) {
+	c := newCodec(t, "127.0.0.1:1", testTopic, codec.Tuning{})
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 300 {
+		batch := make([]codec.Message, 1+r.IntN(5))
+		req := &pubsubpb.PublishRequest{Topic: testTopic}
+		sum := 0
+		for i := range batch {
+			batch[i] = randomMessage(r)
+			sum += c.Size(batch[i])
+			req.Messages = append(req.Messages, toProto(batch[i], pubsub.DefaultIdempotencyAttribute))
+		}
+		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+sum,
+			"request size = topic field + Σ Size")
+	}
+}
+
+// packedBatch returns messages whose Sizes sum to exactly maxBytes.
+func packedBatch(t *testing.T, c *pubsub.Codec, maxBytes int) []codec.Message {
+	t.Helper()
+	var batch []codec.Message
+	left := maxBytes
+	for range 9 {
+		m := codec.Message{Body: bytes.Repeat([]byte{'x'}, 1_000_000)}
+		batch = append(batch, m)
+		left -= c.Size(m)
+	}
+	for d := left; d > 0; d-- {
+		m := codec.Message{Body: bytes.Repeat([]byte{'y'}, d), Attributes: map[string]string{"last": "1"}}
+		if c.Size(m) == left {
+			return append(batch, m)
+		}
+	}
+	t.Fatalf("no data length gives a message of size %d", left)
+	return nil
+}
+
+func TestFullRequestFitsTheLimit(t *testing.T) {
+	rec := &recorder{}
+	srv := newServer(t, rec.option())
+	addr := newBigServer(t, srv)
+	c := newCodec(t, addr, testTopic, codec.Tuning{})
+
+	batch := packedBatch(t, c, c.Limits().MaxBytes)
+	sum := 0
+	for _, m := range batch {
+		require.NoError(t, c.Validate(m))
+		sum += c.Size(m)
+	}
+	require.Equal(t, c.Limits().MaxBytes, sum)
+
+	res, err := c.SendBatch(context.Background(), batch)
+	require.NoError(t, err, "a request packed to MaxBytes by Size is accepted")
+	require.Len(t, res, len(batch))
+	reqs := rec.requests()
+	require.Len(t, reqs, 1)
+	assert.Equal(t, pubsub.MaxRequestBytes, proto.Size(reqs[0]), "exactly Pub/Sub's limit, never over")
+	assert.Len(t, srv.Messages(), len(batch))
+
+	t.Run("one byte over is refused unsent", func(t *testing.T) {
+		over := append([]codec.Message(nil), batch...)
+		last := over[len(over)-1]
+		last.Attributes = map[string]string{"last": "12"}
+		over[len(over)-1] = last
+		_, err := c.SendBatch(context.Background(), over)
+		require.ErrorIs(t, err, codec.ErrRefused)
+		assert.Len(t, rec.requests(), 1, "not sent")
+	})
+	t.Run("1000 entries are accepted, 1001 refused unsent", func(t *testing.T) {
+		batch := make([]codec.Message, 1001)
+		for i := range batch {
+			batch[i] = msg(i)
+		}
+		_, err := c.SendBatch(context.Background(), batch)
+		require.ErrorIs(t, err, codec.ErrRefused)
+		assert.Len(t, rec.requests(), 1, "not sent")
+		res, err := c.SendBatch(context.Background(), batch[:1000])
+		require.NoError(t, err)
+		assert.Len(t, res, 1000)
+		assert.Len(t, rec.requests(), 2)
+	})
+}
+
+func TestValidate(t *testing.T) {
+	rec := &recorder{}
+	srv := newServer(t, rec.option())
+	c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+	attrs := func(n int) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprint("a", i)] = "v"
+		}
+		return m
+	}
+	body := []byte("b")
+	tests := []struct {
+		name     string
+		m        codec.Message
+		code     string // "" means valid
+		tooLarge bool
+		text     string
+	}{
+		{"data only", codec.Message{Body: body}, "", false, ""},
+		{"attributes only", codec.Message{Attributes: map[string]string{"k": "v"}}, "", false, ""},
+		{"idempotency key only", codec.Message{IdempotencyKey: "k", Group: "g"}, "EmptyMessage", false, "non-empty data"},
+		{"limits exactly", codec.Message{Body: body, Attributes: map[string]string{strings.Repeat("k", 256): strings.Repeat("v", 1024)}, Group: strings.Repeat("g", 1024)}, "", false, ""},
+		{"100 attributes", codec.Message{Body: body, Attributes: attrs(100)}, "", false, ""},
+		{"empty", codec.Message{Tenant: "t", Group: "g"}, "EmptyMessage", false, "non-empty data (Body) or at least one attribute"},
+		{"data too large", codec.Message{Body: make([]byte, pubsub.MaxDataBytes+1)}, "DataTooLarge", true, "10000001 bytes"},
+		{"message too large", codec.Message{Body: make([]byte, pubsub.MaxDataBytes)}, "MessageTooLarge", true, "encodes to 10000010 bytes"},
+		{"101 attributes", codec.Message{Body: body, Attributes: attrs(101)}, "TooManyAttributes", false, "101 attributes"},
+		{"100 attributes and a key", codec.Message{Body: body, Attributes: attrs(100), IdempotencyKey: "k"}, "TooManyAttributes", false, "101 attributes"},
+		{"empty key", codec.Message{Body: body, Attributes: map[string]string{"": "v"}}, "EmptyAttributeKey", false, "empty"},
+		{"long key", codec.Message{Body: body, Attributes: map[string]string{strings.Repeat("k", 257): "v"}}, "AttributeKeyTooLong", false, "257 bytes"},
+		{"long value", codec.Message{Body: body, Attributes: map[string]string{"k": strings.Repeat("v", 1025)}}, "AttributeValueTooLong", false, "1025 bytes"},
+		{"long idempotency key", codec.Message{Body: body, IdempotencyKey: strings.Repeat("i", 1025)}, "AttributeValueTooLong", false, `"idempotency-key" is 1025 bytes`},
+		{"long ordering key", codec.Message{Body: body, Group: strings.Repeat("g", 1025)}, "OrderingKeyTooLong", false, "1025 bytes"},
+		{"bad UTF-8 key", codec.Message{Body: body, Attributes: map[string]string{"\xff": "v"}}, "InvalidUTF8", false, "attribute key"},
+		{"bad UTF-8 value", codec.Message{Body: body, Attributes: map[string]string{"k": "\xff"}}, "InvalidUTF8", false, `value of attribute "k"`},
+		{"bad UTF-8 ordering key", codec.Message{Body: body, Group: "\xff"}, "InvalidUTF8", false, "ordering key"},
+		{"bad UTF-8 idempotency key", codec.Message{Body: body, IdempotencyKey: "\xff"}, "InvalidUTF8", false, "idempotency-key"},
+		{"idempotency attribute taken", codec.Message{Body: body, IdempotencyKey: "k", Attributes: map[string]string{"idempotency-key": "other"}}, "IdempotencyAttributeTaken", false, `"idempotency-key" is set`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := c.Validate(tt.m)
+			if tt.code == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			var ee *codec.EntryError
+			require.ErrorAs(t, err, &ee)
+			assert.Equal(t, tt.code, ee.Code)
+			assert.True(t, ee.Permanent)
+			assert.True(t, codec.IsPermanent(err))
+			assert.Equal(t, tt.tooLarge, errors.Is(err, codec.ErrTooLarge))
+			assert.Contains(t, err.Error(), tt.text)
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch: "), err.Error())
+
+			// SendBatch answers it the same way and never sends it.
+			before := rec.calls.Load()
+			res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), tt.m, msg(2)})
+			require.NoError(t, err)
+			require.Len(t, res, 3)
+			assert.NoError(t, res[0].Err)
+			assert.NoError(t, res[2].Err)
+			assert.NotEmpty(t, res[0].ID)
+			assert.Empty(t, res[1].ID)
+			assert.Equal(t, c.Validate(tt.m), res[1].Err)
+			assert.Equal(t, before+1, rec.calls.Load())
+			last := rec.requests()[len(rec.requests())-1]
+			assert.Len(t, last.Messages, 2, "the invalid message is not in the request")
+		})
+	}
+}
+
+func TestErrorClassification(t *testing.T) {
+	type kind int
+	const (
+		refused kind = iota
+		permanent
+		retryable
+	)
+	tests := []struct {
+		code codes.Code
+		want kind
+	}{
+		{codes.InvalidArgument, refused},
+		{codes.NotFound, permanent},
+		{codes.PermissionDenied, permanent},
+		{codes.Unauthenticated, permanent},
+		{codes.FailedPrecondition, permanent},
+		{codes.Unimplemented, permanent},
+		{codes.Unavailable, retryable},
+		{codes.DeadlineExceeded, retryable},
+		{codes.ResourceExhausted, retryable},
+		{codes.Aborted, retryable},
+		{codes.Internal, retryable},
+		{codes.Unknown, retryable},
+		{codes.Canceled, retryable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code.String(), func(t *testing.T) {
+			rec := &recorder{fail: func(int64, *pubsubpb.PublishRequest) error {
+				return status.Error(tt.code, "injected "+tt.code.String())
+			}}
+			srv := newServer(t, rec.option())
+			c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+
+			res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+			require.Error(t, err)
+			assert.Nil(t, res)
+			assert.Equal(t, int64(1), rec.calls.Load(), "exactly one Publish call: no retries under the codec")
+			assert.Equal(t, tt.code, status.Code(err), "the gRPC status stays in the chain")
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+			assert.Contains(t, err.Error(), "injected")
+			var ee *codec.EntryError
+			switch tt.want {
+			case refused:
+				assert.ErrorIs(t, err, codec.ErrRefused)
+				assert.False(t, errors.As(err, &ee), "a refusal is no entry's verdict yet: the batcher bisects")
+			case permanent, retryable:
+				assert.NotErrorIs(t, err, codec.ErrRefused)
+				require.ErrorAs(t, err, &ee)
+				assert.Equal(t, tt.code.String(), ee.Code)
+				assert.Equal(t, tt.want == permanent, ee.Permanent)
+				assert.Equal(t, tt.want == permanent, codec.IsPermanent(err))
+			}
+			assert.Empty(t, srv.Messages(), "all or nothing")
+		})
+	}
+
+	t.Run("missing topic", func(t *testing.T) {
+		srv := newServer(t)
+		c := newCodec(t, srv.Addr, "projects/p/topics/missing", codec.Tuning{})
+		_, err := c.SendBatch(context.Background(), []codec.Message{msg(1)})
+		require.Error(t, err)
+		assert.Equal(t, codes.NotFound, status.Code(err))
+		assert.True(t, codec.IsPermanent(err))
+	})
+	t.Run("over gRPC's default 4 MiB receive limit", func(t *testing.T) {
+		srv := newServer(t)
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		_, err := c.SendBatch(context.Background(), []codec.Message{{Body: make([]byte, 5<<20)}})
+		require.Error(t, err)
+		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+		assert.False(t, codec.IsPermanent(err))
+	})
+}
+
+// blockingServer's Publish blocks until the test ends; entered receives a
+// value as each call arrives.
+func blockingServer(t *testing.T) (addr string, entered <-chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	in := make(chan struct{}, 16)
+	rec := &recorder{fail: func(int64, *pubsubpb.PublishRequest) error {
+		in <- struct{}{}
+		<-release
+		return status.Error(codes.Unavailable, "released")
+	}}
+	srv := newServer(t, rec.option())
+	t.Cleanup(func() { close(release) }) // before the server closes
+	return srv.Addr, in
+}
+
+func TestContextEndsSendBatch(t *testing.T) {
+	t.Run("already cancelled: nothing sent", func(t *testing.T) {
+		rec := &recorder{}
+		srv := newServer(t, rec.option())
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := c.SendBatch(ctx, []codec.Message{msg(1)})
+		require.ErrorIs(t, err, context.Canceled)
+		assert.False(t, codec.IsPermanent(err))
+		assert.Zero(t, rec.calls.Load())
+	})
+	tests := []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		end  func(cancel context.CancelFunc)
+		want error
+	}{
+		{"cancelled during the call", func() (context.Context, context.CancelFunc) {
+			return context.WithCancel(context.Background())
+		}, func(cancel context.CancelFunc) { cancel() }, context.Canceled},
+		{"deadline during the call", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 100*time.Millisecond)
+		}, func(context.CancelFunc) {}, context.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, entered := blockingServer(t)
+			c := newCodec(t, addr, testTopic, codec.Tuning{})
+			ctx, cancel := tt.ctx()
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.SendBatch(ctx, []codec.Message{msg(1)})
+				done <- err
+			}()
+			<-entered
+			start := time.Now()
+			tt.end(cancel)
+			select {
+			case err := <-done:
+				require.ErrorIs(t, err, tt.want)
+				var ee *codec.EntryError
+				require.ErrorAs(t, err, &ee)
+				assert.False(t, ee.Permanent)
+				assert.Less(t, time.Since(start), 2*time.Second)
+			case <-time.After(5 * time.Second):
+				t.Fatal("SendBatch did not return when its context ended")
+			}
+		})
+	}
+}
+
+func TestMixedOrderingKeys(t *testing.T) {
+	t.Run("one request per key, in order", func(t *testing.T) {
+		rec := &recorder{}
+		srv := newServer(t, rec.option())
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		var batch []codec.Message
+		for i := range 30 {
+			batch = append(batch, codec.Message{Group: []string{"a", "b", ""}[i%3], Body: []byte(fmt.Sprint(i))})
+		}
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		require.Len(t, res, len(batch))
+		assert.Equal(t, int64(3), rec.calls.Load())
+		for _, req := range rec.requests() {
+			for _, m := range req.Messages {
+				assert.Equal(t, req.Messages[0].OrderingKey, m.OrderingKey, "a request holds one ordering key")
+			}
+		}
+		byID := map[string]int{}
+		for i, r := range res {
+			require.NoError(t, r.Err)
+			byID[r.ID] = i
+		}
+		last := map[string]int{}
+		for _, m := range srv.Messages() {
+			i, ok := byID[m.ID]
+			require.True(t, ok)
+			assert.Equal(t, string(batch[i].Body), string(m.Data))
+			assert.Equal(t, batch[i].Group, m.OrderingKey)
+			if prev, seen := last[m.OrderingKey]; seen {
+				assert.Less(t, prev, i, "key %q in order", m.OrderingKey)
+			}
+			last[m.OrderingKey] = i
+		}
+	})
+
+	t.Run("a refusal is bisected within its key", func(t *testing.T) {
+		rec := &recorder{fail: func(_ int64, req *pubsubpb.PublishRequest) error {
+			for _, m := range req.Messages {
+				if string(m.Data) == "poison" {
+					return status.Error(codes.InvalidArgument, "poison")
+				}
+			}
+			return nil
+		}}
+		srv := newServer(t, rec.option())
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		batch := []codec.Message{
+			{Group: "a", Body: []byte("a1")}, {Group: "b", Body: []byte("b1")},
+			{Group: "a", Body: []byte("a2")}, {Group: "a", Body: []byte("poison")},
+			{Group: "a", Body: []byte("a4")}, {Group: "a", Body: []byte("a5")},
+		}
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err, "siblings were published: answers are per message")
+		var published []string
+		for _, m := range srv.Messages() {
+			published = append(published, string(m.Data))
+		}
+		assert.ElementsMatch(t, []string{"a1", "a2", "a4", "a5", "b1"}, published, "each once")
+		for i, r := range res {
+			if string(batch[i].Body) == "poison" {
+				assert.ErrorIs(t, r.Err, codec.ErrRefused)
+				assert.True(t, codec.IsPermanent(r.Err))
+				continue
+			}
+			assert.NoError(t, r.Err)
+			assert.NotEmpty(t, r.ID)
+		}
+	})
+
+	t.Run("a failed key stops its later messages", func(t *testing.T) {
+		rec := &recorder{fail: func(_ int64, req *pubsubpb.PublishRequest) error {
+			data := map[string]bool{}
+			for _, m := range req.Messages {
+				data[string(m.Data)] = true
+			}
+			switch {
+			case data["poison"]:
+				return status.Error(codes.InvalidArgument, "poison")
+			case data["a1"]:
+				return status.Error(codes.Unavailable, "flaky")
+			}
+			return nil
+		}}
+		srv := newServer(t, rec.option())
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		batch := []codec.Message{
+			{Group: "a", Body: []byte("a1")}, {Group: "a", Body: []byte("a2")},
+			{Group: "a", Body: []byte("poison")}, {Group: "a", Body: []byte("a4")},
+			{Group: "b", Body: []byte("b1")},
+		}
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		require.Len(t, srv.Messages(), 1)
+		assert.Equal(t, "b1", string(srv.Messages()[0].Data))
+		for i := range 4 {
+			require.Error(t, res[i].Err, batch[i].Body)
+			assert.False(t, codec.IsPermanent(res[i].Err), "nothing of key a was judged: %v", res[i].Err)
+		}
+		assert.Equal(t, codes.Unavailable, status.Code(res[0].Err))
+		assert.Contains(t, res[2].Err.Error(), "not sent after an earlier message")
+		assert.NoError(t, res[4].Err)
+	})
+}

@@ -1,0 +1,232 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ankusa/sinkbatch/codec"
+)
+
+// SendBatch publishes batch and returns one Result per message, in order,
+// each with the message id Pub/Sub assigned.
+//
+// When every message is valid and they share one ordering key, SendBatch
+// makes exactly one Publish call and a failure is the answer for the whole
+// batch: an error wrapping codec.ErrRefused for InvalidArgument (nothing was
+// published; the batcher bisects), otherwise an error that is, or wraps, a
+// *codec.EntryError classified as the package doc says. A batch over
+// Pub/Sub's request limits is refused the same way without a call.
+//
+// Otherwise (several ordering keys, which one request may not mix, or
+// messages Validate refuses) SendBatch returns a nil error and per-message
+// errors: invalid messages get their Validate error and are not sent; each
+// ordering key's messages go in their own request, and a refused request is
+// bisected here, since its siblings may already be published.
+//
+// SendBatch returns when ctx is done; the messages of a call cut short get
+// a retryable error that wraps ctx.Err().
+func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+	if len(batch) == 0 {
+		return []codec.Result{}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, c.classify(ctx, err)
+	}
+	results := make([]codec.Result, len(batch))
+	var (
+		parts   [][]int // message indexes by ordering key, in first-seen order
+		byKey   map[string]int
+		invalid bool
+		bytes   = topicOverhead(c.topic)
+	)
+	for i, m := range batch {
+		if err := c.Validate(m); err != nil {
+			results[i].Err = err
+			invalid = true
+			continue
+		}
+		bytes += c.Size(m)
+		if len(parts) == 1 && batch[parts[0][0]].Group == m.Group {
+			parts[0] = append(parts[0], i) // the common case: no map
+			continue
+		}
+		if byKey == nil {
+			byKey = make(map[string]int)
+			if len(parts) == 1 {
+				byKey[batch[parts[0][0]].Group] = 0
+			}
+		}
+		p, ok := byKey[m.Group]
+		if !ok {
+			p = len(parts)
+			byKey[m.Group] = p
+			parts = append(parts, nil)
+		}
+		parts[p] = append(parts[p], i)
+	}
+	if n := len(batch); n > MaxRequestMessages || bytes > MaxRequestBytes {
+		// Pub/Sub would refuse this request with InvalidArgument; do so
+		// without sending it, so the batcher bisects.
+		return nil, fmt.Errorf("sinkbatch/pubsub: %d messages in %d bytes exceed Pub/Sub's request limits (%d messages, %d bytes): %w",
+			n, bytes, MaxRequestMessages, MaxRequestBytes, codec.ErrRefused)
+	}
+	if !invalid && len(parts) == 1 {
+		if err := c.publish(ctx, batch, parts[0], results); err != nil {
+			return nil, err
+		}
+		return results, nil
+	}
+
+	// Several requests: each key's messages in order, keys in parallel.
+	sem := make(chan struct{}, maxParallelPublishes)
+	var wg sync.WaitGroup
+	for _, idx := range parts {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c.publishBisecting(ctx, batch, idx, results)
+		}()
+	}
+	wg.Wait()
+	return results, nil
+}
+
+// publishBisecting publishes batch[idx...] and, when Pub/Sub refuses the
+// request for its content, publishes each half in turn until the refused
+// messages stand alone. For an ordering key, a half that fails for any other
+// reason ends the key's requests: later messages would otherwise overtake it.
+// It reports whether the caller may go on with the key's later messages.
+func (c *Codec) publishBisecting(ctx context.Context, batch []codec.Message, idx []int, results []codec.Result) bool {
+	err := c.publish(ctx, batch, idx, results)
+	if err == nil {
+		return true
+	}
+	if !errors.Is(err, codec.ErrRefused) || len(idx) == 1 {
+		for _, i := range idx {
+			results[i].Err = err
+		}
+		return batch[idx[0]].Group == "" || errors.Is(err, codec.ErrRefused)
+	}
+	mid := len(idx) / 2
+	if !c.publishBisecting(ctx, batch, idx[:mid], results) {
+		stopped := fmt.Errorf("sinkbatch/pubsub: not sent after an earlier message of ordering key %q failed: %w",
+			batch[idx[0]].Group, &codec.EntryError{Code: "OrderingKeyFailed", Message: "an earlier message of the key failed"})
+		for _, i := range idx[mid:] {
+			results[i].Err = stopped
+		}
+		return false
+	}
+	return c.publishBisecting(ctx, batch, idx[mid:], results)
+}
+
+// publish sends batch[idx...] in one Publish call and fills their Results'
+// IDs, or returns the call's classified error.
+func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, results []codec.Result) error {
+	msgs := make([]*pubsubpb.PubsubMessage, len(idx))
+	for j, i := range idx {
+		msgs[j] = c.toProto(batch[i])
+	}
+	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, c.callOpts...)
+	if err != nil {
+		return c.classify(ctx, err)
+	}
+	if len(resp.MessageIds) != len(idx) {
+		return &publishError{topic: c.topic, entry: &codec.EntryError{
+			Code:    "MessageIdCount",
+			Message: fmt.Sprintf("Pub/Sub answered %d message ids for %d messages", len(resp.MessageIds), len(idx)),
+		}}
+	}
+	for j, i := range idx {
+		results[i].ID = resp.MessageIds[j]
+	}
+	return nil
+}
+
+// toProto maps m onto a PubsubMessage. It shares m's Body and, without an
+// idempotency key, its Attributes: the request only reads them.
+func (c *Codec) toProto(m codec.Message) *pubsubpb.PubsubMessage {
+	attrs := m.Attributes
+	if m.IdempotencyKey != "" {
+		attrs = make(map[string]string, len(m.Attributes)+1)
+		for k, v := range m.Attributes {
+			attrs[k] = v
+		}
+		attrs[c.idemAttr] = m.IdempotencyKey
+	}
+	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
+}
+
+// Whole-request failures by gRPC code; see "Errors" in the package doc.
+var permanentCodes = map[codes.Code]bool{
+	codes.NotFound:           true,
+	codes.PermissionDenied:   true,
+	codes.Unauthenticated:    true,
+	codes.FailedPrecondition: true,
+	codes.Unimplemented:      true,
+}
+
+// classify turns a Publish error into the answer for its messages.
+func (c *Codec) classify(ctx context.Context, err error) error {
+	ctxErr := ctx.Err()
+	if dl, ok := ctx.Deadline(); ok && ctxErr == nil && status.Code(err) == codes.DeadlineExceeded && !time.Now().Before(dl) {
+		// gRPC sent the deadline along; the server's timer can answer
+		// before ctx's own timer has marked ctx done.
+		ctxErr = context.DeadlineExceeded
+	}
+	if ctxErr != nil {
+		code := codes.Canceled
+		if errors.Is(ctxErr, context.DeadlineExceeded) {
+			code = codes.DeadlineExceeded
+		}
+		pe := &publishError{topic: c.topic, entry: &codec.EntryError{Code: code.String(), Message: ctxErr.Error()}, cause: ctxErr}
+		if err != ctxErr {
+			pe.rpc = err
+		}
+		return pe
+	}
+	st, _ := status.FromError(err)
+	if st.Code() == codes.InvalidArgument {
+		return fmt.Errorf("sinkbatch/pubsub: publish to %s refused: %w (%w)", c.topic, codec.ErrRefused, err)
+	}
+	return &publishError{topic: c.topic, rpc: err, entry: &codec.EntryError{
+		Code:      st.Code().String(),
+		Message:   st.Message(),
+		Permanent: permanentCodes[st.Code()],
+	}}
+}
+
+// publishError is a failed Publish call: the classified *codec.EntryError,
+// the gRPC error (for status.Code) and, when ctx ended the call, ctx.Err().
+type publishError struct {
+	topic string
+	entry *codec.EntryError
+	rpc   error
+	cause error
+}
+
+func (e *publishError) Error() string {
+	kind := "retryable"
+	if e.entry.Permanent {
+		kind = "permanent"
+	}
+	return fmt.Sprintf("sinkbatch/pubsub: publish to %s: %s (%s): %s", e.topic, e.entry.Code, kind, e.entry.Message)
+}
+
+func (e *publishError) Unwrap() []error {
+	errs := []error{e.entry}
+	if e.rpc != nil {
+		errs = append(errs, e.rpc)
+	}
+	if e.cause != nil {
+		errs = append(errs, e.cause)
+	}
+	return errs
+}
