@@ -1,0 +1,77 @@
+// Package sqs is sinkbatch's codec for Amazon SQS: it sends the messages the
+// batcher gathers for one queue as SendMessageBatch requests, on
+// github.com/aws/aws-sdk-go-v2/service/sqs.
+//
+// # Construction and identity
+//
+// New takes a Config: the queue URL, either an aws.Config (region,
+// credentials, BaseEndpoint, HTTP client, retry settings) or a ready
+// *sqs.Client, the FIFO queue's deduplication mode and the codec.Tuning. It
+// refuses a config that is incomplete or outside SQS's limits. A codec's
+// Identity is a SHA-256 digest over all of it, static credentials included:
+// codecs that differ in any of it never share a batcher or a request, and
+// the secret never leaves the digest. Credential providers other than static
+// ones, HTTP clients and retryers cannot be read back and count by identity:
+// pass the same values to share a batcher.
+//
+// # Mapping
+//
+//	Message.Body            MessageBody
+//	Message.Attributes      String message attributes
+//	Message.Group           MessageGroupId (FIFO queues; fair standard queues)
+//	Message.IdempotencyKey  MessageDeduplicationId on FIFO queues, and on every
+//	                        queue the message attribute Config.IdempotencyAttribute
+//	                        (default "idempotency-key") for consumers
+//	Result.ID               MessageId
+//	Result.Sequence         SequenceNumber (FIFO queues)
+//
+// Entry Ids are the messages' positions in the request; results map back by
+// Id, not by position in SQS's answer.
+//
+// # Limits
+//
+// SQS allows 10 entries per request and 1 MiB (1,048,576 bytes) per message
+// and for all the messages of a request together, where a message weighs its
+// body plus each attribute's name, data type ("String") and value, the
+// idempotency attribute included; and at most 10 attributes per message. The
+// SDK checks none of this: Limits and Size state it so the batcher packs
+// within it, and Validate refuses what can never fit.
+//
+// # Errors
+//
+// Validate, which the batcher calls at admission, refuses with a permanent
+// *codec.EntryError an empty body, a body or attribute value with characters
+// SQS rejects (it allows #x9, #xA, #xD, #x20-#xD7FF, #xE000-#xFFFD,
+// #x10000-#x10FFFF, as valid UTF-8), invalid attribute names, more than 10
+// attributes, a bad MessageGroupId, and on a FIFO queue a message without a
+// group or, unless Config.ContentBasedDeduplication, without an idempotency
+// key. SendBatch validates again and answers an invalid message without
+// sending it, so it cannot sink its batch.
+//
+// SendBatch answers:
+//   - each successful entry with its MessageId and SequenceNumber, after
+//     checking MD5OfMessageBody and, where SQS returns it,
+//     MD5OfMessageAttributes (the SDK's own check is off, since one mismatch
+//     makes it drop the whole answer); a mismatch fails that entry only,
+//     retryably (CodeChecksumMismatch);
+//   - each failed entry with a *codec.EntryError carrying SQS's code and
+//     text, permanent when SQS says the sender is at fault;
+//   - an entry missing from SQS's answer with a retryable CodeMissingResult;
+//   - a whole request SQS refuses for its content (BatchRequestTooLong,
+//     TooManyEntriesInBatchRequest, InvalidParameterValue and the like) with
+//     an error wrapping codec.ErrRefused, so the batcher bisects it;
+//   - a missing queue, denied access or bad credentials with an error
+//     wrapping a permanent *codec.EntryError, the answer for every message;
+//   - throttling, 5xx answers, network faults and a done context with a
+//     retryable error wrapping the SDK's (or the context's) error.
+//
+// # Retries
+//
+// One layer retries: the SDK's retryer (by default the standard one: 3
+// attempts with jittered backoff, for throttling, 5xx and transport faults),
+// configured through the aws.Config or client. The codec never retries, nor
+// does the batcher; a caller decides whether to send a failed message again,
+// guided by codec.IsPermanent.
+//
+// A Codec is safe for concurrent use.
+package sqs

@@ -1,0 +1,299 @@
+package sqs
+
+import (
+	"context"
+	"crypto/md5" //nolint:gosec // SQS's checksums are MD5
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/ankusa/sinkbatch/codec"
+)
+
+// Codes of the retryable *codec.EntryError SendBatch answers when SQS's
+// answer for an entry cannot be trusted.
+const (
+	// CodeChecksumMismatch: SQS's MD5 of the body or attributes differs
+	// from the codec's; what SQS stored may differ from what was sent.
+	CodeChecksumMismatch = "ChecksumMismatch"
+	// CodeMissingResult: SQS's answer named the entry neither among the
+	// successful nor among the failed ones, or gave it no message id.
+	CodeMissingResult = "MissingResult"
+)
+
+// Whole-request error codes SQS answers for a request's content: the batcher
+// bisects the batch to find the message. Both the JSON code and the
+// AWS-query compatible one the SDK may report are listed.
+var refusedCodes = map[string]bool{
+	"BatchRequestTooLong":                                 true,
+	"AWS.SimpleQueueService.BatchRequestTooLong":          true,
+	"TooManyEntriesInBatchRequest":                        true,
+	"AWS.SimpleQueueService.TooManyEntriesInBatchRequest": true,
+	"InvalidMessageContents":                              true,
+	"InvalidParameterValue":                               true,
+	"InvalidAttributeName":                                true,
+	"InvalidAttributeValue":                               true,
+	"MissingParameter":                                    true,
+}
+
+// Whole-request error codes that no resend can cure: the queue, the
+// credentials or the permissions are wrong.
+var permanentCodes = map[string]bool{
+	"QueueDoesNotExist":                       true,
+	"AWS.SimpleQueueService.NonExistentQueue": true,
+	"QueueDeletedRecently":                    true,
+	"AccessDenied":                            true,
+	"AccessDeniedException":                   true,
+	"InvalidClientTokenId":                    true,
+	"UnrecognizedClientException":             true,
+	"InvalidAccessKeyId":                      true,
+	"SignatureDoesNotMatch":                   true,
+	"IncompleteSignature":                     true,
+	"MissingAuthenticationToken":              true,
+	"InvalidSecurity":                         true,
+	"InvalidAddress":                          true,
+	"UnsupportedOperation":                    true,
+	"KmsAccessDenied":                         true,
+	"KmsDisabled":                             true,
+	"KmsNotFound":                             true,
+	"KmsInvalidState":                         true,
+	"KmsInvalidKeyUsage":                      true,
+	"KmsOptInRequired":                        true,
+	"OptInRequired":                           true,
+}
+
+// transientCodes are client-fault codes that a later request may not hit.
+var transientCodes = map[string]bool{
+	"RequestThrottled":          true,
+	"ThrottlingException":       true,
+	"Throttling":                true,
+	"ThrottledException":        true,
+	"RequestThrottledException": true,
+	"TooManyRequestsException":  true,
+	"KmsThrottled":              true,
+	"RequestExpired":            true,
+	"ExpiredToken":              true,
+	"RequestTimeout":            true,
+	"RequestTimeoutException":   true,
+}
+
+// sent is what SendBatch remembers of an entry to check SQS's answer.
+type sent struct {
+	index int
+	body  string
+	attrs map[string]types.MessageAttributeValue
+}
+
+// SendBatch sends batch as one SendMessageBatch request and maps SQS's
+// answer back to it by entry Id. A message Validate refuses is answered with
+// that error and not sent. SendBatch sends what it is given: keeping a
+// request within Limits is the batcher's job, and SQS's refusal of a request
+// past them comes back wrapping codec.ErrRefused.
+func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+	return c.send(ctx, batch, c.Validate)
+}
+
+// send is SendBatch with the validation as a parameter, so that a test can
+// put a message SQS refuses on the wire.
+func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(codec.Message) error) ([]codec.Result, error) {
+	results := make([]codec.Result, len(batch))
+	entries := make([]types.SendMessageBatchRequestEntry, 0, len(batch))
+	pending := make(map[string]sent, len(batch))
+	for i, m := range batch {
+		if err := validate(m); err != nil {
+			results[i].Err = err
+			continue
+		}
+		// Ids only need to be distinct within the request; the index also
+		// maps the answer back.
+		id := strconv.Itoa(i)
+		e, s := c.entry(id, m)
+		s.index = i
+		entries = append(entries, e)
+		pending[id] = s
+	}
+	if len(entries) == 0 {
+		return results, nil
+	}
+
+	out, err := c.client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{
+		QueueUrl: aws.String(c.queueURL),
+		Entries:  entries,
+	}, func(o *awssqs.Options) {
+		// The SDK fails the whole call, output and all, on one entry's
+		// MD5 mismatch; check per entry below instead.
+		o.DisableMessageChecksumValidation = true
+	})
+	if err != nil {
+		return nil, c.classify(ctx, err)
+	}
+
+	for _, s := range out.Successful {
+		id := aws.ToString(s.Id)
+		p, ok := pending[id]
+		if !ok {
+			continue
+		}
+		delete(pending, id)
+		results[p.index] = c.success(p, s)
+	}
+	for _, f := range out.Failed {
+		id := aws.ToString(f.Id)
+		p, ok := pending[id]
+		if !ok {
+			continue
+		}
+		delete(pending, id)
+		results[p.index].Err = &codec.EntryError{
+			Code:      aws.ToString(f.Code),
+			Message:   aws.ToString(f.Message),
+			Permanent: f.SenderFault,
+		}
+	}
+	for _, p := range pending {
+		results[p.index].Err = &codec.EntryError{
+			Code:    CodeMissingResult,
+			Message: "SQS answered neither success nor failure for this entry",
+		}
+	}
+	return results, nil
+}
+
+// entry maps m onto a request entry.
+func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequestEntry, sent) {
+	e := types.SendMessageBatchRequestEntry{
+		Id:          aws.String(id),
+		MessageBody: aws.String(string(m.Body)),
+	}
+	var attrs map[string]types.MessageAttributeValue
+	if n := len(m.Attributes); n > 0 || m.IdempotencyKey != "" {
+		attrs = make(map[string]types.MessageAttributeValue, n+1)
+		for k, v := range m.Attributes {
+			attrs[k] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+		}
+		if m.IdempotencyKey != "" {
+			attrs[c.idemAttr] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(m.IdempotencyKey)}
+		}
+		e.MessageAttributes = attrs
+	}
+	if m.Group != "" {
+		e.MessageGroupId = aws.String(m.Group)
+	}
+	if c.fifo && m.IdempotencyKey != "" {
+		e.MessageDeduplicationId = aws.String(m.IdempotencyKey)
+	}
+	return e, sent{body: *e.MessageBody, attrs: attrs}
+}
+
+// success checks a successful entry's checksums and makes its Result.
+func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Result {
+	if got := aws.ToString(s.MD5OfMessageBody); got != "" {
+		if want := md5Hex([]byte(p.body)); got != want {
+			return codec.Result{Err: &codec.EntryError{
+				Code:    CodeChecksumMismatch,
+				Message: fmt.Sprintf("MD5OfMessageBody is %s, want %s", got, want),
+			}}
+		}
+	}
+	if got := aws.ToString(s.MD5OfMessageAttributes); got != "" && len(p.attrs) > 0 {
+		if want := attributesMD5(p.attrs); got != want {
+			return codec.Result{Err: &codec.EntryError{
+				Code:    CodeChecksumMismatch,
+				Message: fmt.Sprintf("MD5OfMessageAttributes is %s, want %s", got, want),
+			}}
+		}
+	}
+	if aws.ToString(s.MessageId) == "" {
+		return codec.Result{Err: &codec.EntryError{Code: CodeMissingResult, Message: "SQS answered success without a message id"}}
+	}
+	return codec.Result{ID: aws.ToString(s.MessageId), Sequence: aws.ToString(s.SequenceNumber)}
+}
+
+func md5Hex(b []byte) string {
+	sum := md5.Sum(b) //nolint:gosec // SQS's checksums are MD5
+	return hex.EncodeToString(sum[:])
+}
+
+// attributesMD5 is SQS's MD5OfMessageAttributes: over the attributes sorted
+// by name, each as its name, data type, a transport byte (1 for String and
+// Number, 2 for Binary) and value, every string prefixed with its length as
+// a 4-byte big-endian integer.
+func attributesMD5(attrs map[string]types.MessageAttributeValue) string {
+	names := make([]string, 0, len(attrs))
+	for k := range attrs {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	h := md5.New() //nolint:gosec // SQS's checksums are MD5
+	var n [4]byte
+	put := func(b []byte) {
+		binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	for _, k := range names {
+		v := attrs[k]
+		put([]byte(k))
+		put([]byte(aws.ToString(v.DataType)))
+		if v.BinaryValue != nil {
+			h.Write([]byte{2})
+			put(v.BinaryValue)
+		} else {
+			h.Write([]byte{1})
+			put([]byte(aws.ToString(v.StringValue)))
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// classify turns the error of a whole SendMessageBatch call (after the SDK's
+// own retries) into the codec's answer: a refusal of the request's content
+// (wrapping codec.ErrRefused), a permanent failure for every message (an
+// *codec.EntryError with Permanent), or a retryable one (anything else).
+func (c *Codec) classify(ctx context.Context, err error) error {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+	}
+	var (
+		apiErr   smithy.APIError
+		tooLong  *types.BatchRequestTooLong
+		tooMany  *types.TooManyEntriesInBatchRequest
+		notExist *types.QueueDoesNotExist
+	)
+	if !errors.As(err, &apiErr) {
+		// No answer from SQS: a network fault the SDK gave up on.
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+	}
+	code := apiErr.ErrorCode()
+	status := 0
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		status = re.HTTPStatusCode()
+	}
+	switch {
+	case errors.As(err, &tooLong) || errors.As(err, &tooMany) || refusedCodes[code]:
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %s: %s: %w", c.queueName, code, apiErr.ErrorMessage(), codec.ErrRefused)
+	case errors.As(err, &notExist) || permanentCodes[code]:
+		return c.permanent(code, apiErr.ErrorMessage())
+	case transientCodes[code] || status >= 500 || apiErr.ErrorFault() == smithy.FaultServer:
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+	case apiErr.ErrorFault() == smithy.FaultClient || (status >= 400 && status < 500):
+		// SQS says the request is at fault and names no known cause:
+		// the same request would fail again.
+		return c.permanent(code, apiErr.ErrorMessage())
+	}
+	return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+}
+
+func (c *Codec) permanent(code, msg string) error {
+	return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, &codec.EntryError{Code: code, Message: msg, Permanent: true})
+}
