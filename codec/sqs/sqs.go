@@ -245,7 +245,9 @@ func (c *Codec) Name() string { return "sqs" }
 func (c *Codec) Identity() []byte { return c.identity }
 
 // Limits are SQS's: MaxEntries messages and MaxBytes bytes per request.
-func (c *Codec) Limits() codec.Limits { return codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes} }
+func (c *Codec) Limits() codec.Limits {
+	return codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes}
+}
 
 // Tuning is Config.Tuning as given.
 func (c *Codec) Tuning() codec.Tuning { return c.tuning }

@@ -1,0 +1,240 @@
+package sqs_test
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+)
+
+const testQueue = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
+
+func baseConfig() sqs.Config {
+	return sqs.Config{
+		QueueURL: testQueue,
+		AWS: aws.Config{
+			Region:      "us-east-1",
+			Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "wJalrXUtnFEMI-very-secret", ""),
+		},
+	}
+}
+
+func mustNew(t *testing.T, cfg sqs.Config) *sqs.Codec {
+	t.Helper()
+	c, err := sqs.New(cfg)
+	require.NoError(t, err)
+	return c
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	client := awssqs.NewFromConfig(baseConfig().AWS)
+	tests := []struct {
+		name string
+		edit func(*sqs.Config)
+		want string
+	}{
+		{"empty queue URL", func(c *sqs.Config) { c.QueueURL = "" }, "QueueURL is empty"},
+		{"no scheme", func(c *sqs.Config) { c.QueueURL = "sqs.us-east-1.amazonaws.com/1/q" }, "not a queue URL"},
+		{"ftp", func(c *sqs.Config) { c.QueueURL = "ftp://host/1/q" }, "not a queue URL"},
+		{"no queue name", func(c *sqs.Config) { c.QueueURL = "https://host/" }, "not a queue URL"},
+		{"bad queue name", func(c *sqs.Config) { c.QueueURL = "https://host/1/my queue" }, "not a queue URL"},
+		{"unparsable", func(c *sqs.Config) { c.QueueURL = "https://host/%zz" }, "QueueURL"},
+		{"MaxEntries over 10", func(c *sqs.Config) { c.Tuning.MaxEntries = 11 }, "MaxEntries 11"},
+		{"MaxEntries negative", func(c *sqs.Config) { c.Tuning.MaxEntries = -1 }, "MaxEntries -1"},
+		{"MaxBytes over 1 MiB", func(c *sqs.Config) { c.Tuning.MaxBytes = sqs.MaxBytes + 1 }, "MaxBytes 1048577"},
+		{"negative Linger", func(c *sqs.Config) { c.Tuning.Linger = -time.Millisecond }, "Linger"},
+		{"negative RetryAfterMax", func(c *sqs.Config) { c.Tuning.RetryAfterMax = -time.Second }, "RetryAfterMax"},
+		{"negative IdleTimeout", func(c *sqs.Config) { c.Tuning.IdleTimeout = -time.Second }, "IdleTimeout"},
+		{"negative QueueMax", func(c *sqs.Config) { c.Tuning.QueueMax = -1 }, "negative bound"},
+		{"bad idempotency attribute", func(c *sqs.Config) { c.IdempotencyAttribute = "AWS.key" }, "IdempotencyAttribute"},
+		{"no region", func(c *sqs.Config) { c.AWS.Region = "" }, "no region"},
+		{"no credentials", func(c *sqs.Config) { c.AWS.Credentials = nil }, "no credentials"},
+		{"both AWS and Client", func(c *sqs.Config) { c.Client = client }, "not both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := baseConfig()
+			tt.edit(&cfg)
+			c, err := sqs.New(cfg)
+			require.Error(t, err)
+			assert.Nil(t, c)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/sqs: "), err.Error())
+			assert.NotContains(t, err.Error(), "very-secret")
+		})
+	}
+}
+
+func TestNewAcceptsTheEdges(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Tuning = codec.Tuning{MaxEntries: sqs.MaxEntries, MaxBytes: sqs.MaxBytes}
+	c := mustNew(t, cfg)
+	assert.False(t, c.FIFO())
+
+	cfg.QueueURL = "http://127.0.0.1:4566/000000000000/orders.fifo"
+	assert.True(t, mustNew(t, cfg).FIFO())
+
+	withClient := sqs.Config{QueueURL: testQueue, Client: awssqs.NewFromConfig(baseConfig().AWS)}
+	mustNew(t, withClient)
+}
+
+func TestIdentity(t *testing.T) {
+	base := mustNew(t, baseConfig())
+	assert.Equal(t, base.Identity(), mustNew(t, baseConfig()).Identity(), "equal configs share an Identity")
+	assert.Equal(t, "sqs", base.Name())
+
+	otherHTTP := &http.Client{}
+	differ := map[string]func(*sqs.Config){
+		"queue":        func(c *sqs.Config) { c.QueueURL += "2" },
+		"region":       func(c *sqs.Config) { c.AWS.Region = "eu-west-1" },
+		"endpoint":     func(c *sqs.Config) { c.AWS.BaseEndpoint = aws.String("http://127.0.0.1:1") },
+		"access key":   func(c *sqs.Config) { c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKID2", "wJalrXUtnFEMI-very-secret", "") },
+		"secret":       func(c *sqs.Config) { c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "other-secret", "") },
+		"http client":  func(c *sqs.Config) { c.AWS.HTTPClient = otherHTTP },
+		"max attempts": func(c *sqs.Config) { c.AWS.RetryMaxAttempts = 7 },
+		"tuning":       func(c *sqs.Config) { c.Tuning.Linger = time.Millisecond },
+		"cbd":          func(c *sqs.Config) { c.ContentBasedDeduplication = true },
+		"idem attr":    func(c *sqs.Config) { c.IdempotencyAttribute = "dedup" },
+	}
+	seen := map[string]string{string(base.Identity()): "base"}
+	for name, edit := range differ {
+		cfg := baseConfig()
+		edit(&cfg)
+		id := string(mustNew(t, cfg).Identity())
+		prev, dup := seen[id]
+		assert.False(t, dup, "%s shares an Identity with %s", name, prev)
+		seen[id] = name
+	}
+
+	// The secret is only ever digested.
+	secret := []byte("wJalrXUtnFEMI-very-secret")
+	assert.False(t, bytes.Contains(base.Identity(), secret))
+	assert.NotContains(t, base.Name(), "secret")
+}
+
+func TestSize(t *testing.T) {
+	c := mustNew(t, baseConfig()) // idempotency attribute "idempotency-key"
+	tests := []struct {
+		name string
+		m    codec.Message
+		want int
+	}{
+		{"body", codec.Message{Body: []byte("hello")}, 5},
+		{"multibyte body", codec.Message{Body: []byte("héllo")}, 6},
+		{"attribute", codec.Message{Body: []byte("hello"), Attributes: map[string]string{"k": "vv"}}, 5 + 1 + 6 + 2},
+		{"idempotency key", codec.Message{Body: []byte("hello"), IdempotencyKey: "abc"}, 5 + len("idempotency-key") + 6 + 3},
+		{"group is free", codec.Message{Body: []byte("hello"), Group: "g"}, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { assert.Equal(t, tt.want, c.Size(tt.m)) })
+	}
+}
+
+func TestValidate(t *testing.T) {
+	std := mustNew(t, baseConfig())
+	fifoCfg := baseConfig()
+	fifoCfg.QueueURL = testQueue + ".fifo"
+	fifo := mustNew(t, fifoCfg)
+	fifoCfg.ContentBasedDeduplication = true
+	cbd := mustNew(t, fifoCfg)
+
+	ok := codec.Message{Body: []byte("ok"), Group: "g-1", IdempotencyKey: "k-1", Attributes: map[string]string{"a": "b"}}
+	with := func(f func(*codec.Message)) codec.Message {
+		m := ok
+		m.Attributes = map[string]string{"a": "b"}
+		f(&m)
+		return m
+	}
+	tenAttrs := map[string]string{}
+	for i := range 10 {
+		tenAttrs[string(rune('a'+i))] = "v"
+	}
+	tests := []struct {
+		name string
+		c    *sqs.Codec
+		m    codec.Message
+		code string // "" valid; "TooLarge" for ErrTooLarge
+	}{
+		{"valid standard", std, ok, ""},
+		{"valid fifo", fifo, ok, ""},
+		{"standard without group or key", std, codec.Message{Body: []byte("x")}, ""},
+		{"all allowed characters", std, with(func(m *codec.Message) { m.Body = []byte("\t\n\r \uD7FF\uE000\uFFFD\U00010000\U0010FFFF") }), ""},
+		{"empty body", std, with(func(m *codec.Message) { m.Body = nil }), sqs.CodeEmptyBody},
+		{"NUL", std, with(func(m *codec.Message) { m.Body = []byte("a\x00b") }), sqs.CodeInvalidMessageContent},
+		{"control character", std, with(func(m *codec.Message) { m.Body = []byte("\x1f") }), sqs.CodeInvalidMessageContent},
+		{"U+FFFE", std, with(func(m *codec.Message) { m.Body = []byte("\uFFFE") }), sqs.CodeInvalidMessageContent},
+		{"invalid UTF-8", std, with(func(m *codec.Message) { m.Body = []byte{'a', 0xff, 'b'} }), sqs.CodeInvalidMessageContent},
+		{"encoded surrogate", std, with(func(m *codec.Message) { m.Body = []byte{0xed, 0xa0, 0x80} }), sqs.CodeInvalidMessageContent},
+		{"ten attributes and a key", std, with(func(m *codec.Message) { m.Attributes = tenAttrs }), sqs.CodeTooManyAttributes},
+		{"ten attributes, no key", std, with(func(m *codec.Message) { m.Attributes = tenAttrs; m.IdempotencyKey = "" }), ""},
+		{"attribute name with space", std, with(func(m *codec.Message) { m.Attributes["a b"] = "v" }), sqs.CodeInvalidAttributeName},
+		{"reserved attribute prefix", std, with(func(m *codec.Message) { m.Attributes["amazon.x"] = "v" }), sqs.CodeInvalidAttributeName},
+		{"doubled period", std, with(func(m *codec.Message) { m.Attributes["a..b"] = "v" }), sqs.CodeInvalidAttributeName},
+		{"attribute named like the key", std, with(func(m *codec.Message) { m.Attributes["idempotency-key"] = "v" }), sqs.CodeInvalidAttributeName},
+		{"empty attribute value", std, with(func(m *codec.Message) { m.Attributes["a"] = "" }), sqs.CodeInvalidAttributeValue},
+		{"bad attribute value", std, with(func(m *codec.Message) { m.Attributes["a"] = "\x01" }), sqs.CodeInvalidAttributeValue},
+		{"fifo without group", fifo, with(func(m *codec.Message) { m.Group = "" }), sqs.CodeMissingGroup},
+		{"fifo without key", fifo, with(func(m *codec.Message) { m.IdempotencyKey = "" }), sqs.CodeMissingDeduplication},
+		{"cbd fifo without key", cbd, with(func(m *codec.Message) { m.IdempotencyKey = "" }), ""},
+		{"group with space", std, with(func(m *codec.Message) { m.Group = "a b" }), sqs.CodeInvalidGroup},
+		{"group too long", fifo, with(func(m *codec.Message) { m.Group = strings.Repeat("g", 129) }), sqs.CodeInvalidGroup},
+		{"fifo key too long", fifo, with(func(m *codec.Message) { m.IdempotencyKey = strings.Repeat("k", 129) }), sqs.CodeInvalidDeduplication},
+		{"standard long key is an attribute", std, with(func(m *codec.Message) { m.IdempotencyKey = strings.Repeat("k", 129) }), ""},
+		{"exactly 1 MiB", std, codec.Message{Body: bytes.Repeat([]byte("x"), sqs.MaxBytes)}, ""},
+		{"1 MiB and an attribute", std, codec.Message{Body: bytes.Repeat([]byte("x"), sqs.MaxBytes), Attributes: map[string]string{"a": "b"}}, "TooLarge"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.c.Validate(tt.m)
+			if tt.code == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.True(t, codec.IsPermanent(err), "%v", err)
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch"), err.Error())
+			if tt.code == "TooLarge" {
+				assert.ErrorIs(t, err, codec.ErrTooLarge)
+				return
+			}
+			var ee *codec.EntryError
+			require.True(t, errors.As(err, &ee), "%T", err)
+			assert.Equal(t, tt.code, ee.Code)
+			assert.True(t, ee.Permanent)
+			assert.NotEmpty(t, ee.Message)
+		})
+	}
+}
+
+// TestAttributesMD5OnFauxqs checks the codec's MD5OfMessageAttributes
+// against what fauxqs computes for the same attributes, through the plain
+// SDK.
+func TestAttributesMD5OnFauxqs(t *testing.T) {
+	e := newFauxqs(t)
+	q := e.createQueue(t, false, false)
+	attrs := map[string]types.MessageAttributeValue{
+		"zeta":  {DataType: aws.String("String"), StringValue: aws.String("last ✓")},
+		"alpha": {DataType: aws.String("String"), StringValue: aws.String("first")},
+		"num":   {DataType: aws.String("Number"), StringValue: aws.String("42")},
+	}
+	out, err := e.admin.SendMessageBatch(ctx(t), &awssqs.SendMessageBatchInput{
+		QueueUrl: aws.String(q),
+		Entries:  []types.SendMessageBatchRequestEntry{{Id: aws.String("a"), MessageBody: aws.String("b"), MessageAttributes: attrs}},
+	})
+	require.NoError(t, err)
+	require.Len(t, out.Successful, 1)
+	require.NotEmpty(t, aws.ToString(out.Successful[0].MD5OfMessageAttributes), "fauxqs returns MD5OfMessageAttributes")
+	assert.Equal(t, aws.ToString(out.Successful[0].MD5OfMessageAttributes), sqs.AttributesMD5(attrs))
+}
