@@ -203,12 +203,14 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 
 	field([]byte("sinkbatch/pubsub/1"))
 	field([]byte(cfg.Topic))
-	endpoint := cfg.Endpoint
-	if endpoint == "" && cfg.Client == nil {
-		// The client library dials the emulator when this is set.
-		endpoint = "env:" + os.Getenv("PUBSUB_EMULATOR_HOST")
+	field([]byte(cfg.Endpoint))
+	if cfg.Client == nil {
+		// When this is set the client library dials the emulator in
+		// plaintext, whatever the endpoint.
+		field([]byte(os.Getenv("PUBSUB_EMULATOR_HOST")))
+	} else {
+		field(nil)
 	}
-	field([]byte(endpoint))
 	if cfg.CredentialsJSON != nil {
 		d := sha256.Sum256(cfg.CredentialsJSON)
 		field(d[:])

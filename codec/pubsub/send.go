@@ -175,11 +175,19 @@ var permanentCodes = map[codes.Code]bool{
 
 // classify turns a Publish error into the answer for its messages.
 func (c *Codec) classify(ctx context.Context, err error) error {
-	ctxErr := ctx.Err()
-	if dl, ok := ctx.Deadline(); ok && ctxErr == nil && status.Code(err) == codes.DeadlineExceeded && !time.Now().Before(dl) {
-		// gRPC sent the deadline along; the server's timer can answer
-		// before ctx's own timer has marked ctx done.
-		ctxErr = context.DeadlineExceeded
+	code := status.Code(err)
+	var ctxErr error
+	switch {
+	case code != codes.Canceled && code != codes.DeadlineExceeded && code != codes.Unknown:
+		// The server answered: its verdict stands even if ctx ended since.
+	case ctx.Err() != nil:
+		ctxErr = ctx.Err()
+	case code == codes.DeadlineExceeded:
+		// gRPC sends the deadline along, and the server's timer can
+		// answer before ctx's own timer has marked ctx done.
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			ctxErr = context.DeadlineExceeded
+		}
 	}
 	if ctxErr != nil {
 		code := codes.Canceled
