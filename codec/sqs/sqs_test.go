@@ -97,11 +97,15 @@ func TestIdentity(t *testing.T) {
 
 	otherHTTP := &http.Client{}
 	differ := map[string]func(*sqs.Config){
-		"queue":        func(c *sqs.Config) { c.QueueURL += "2" },
-		"region":       func(c *sqs.Config) { c.AWS.Region = "eu-west-1" },
-		"endpoint":     func(c *sqs.Config) { c.AWS.BaseEndpoint = aws.String("http://127.0.0.1:1") },
-		"access key":   func(c *sqs.Config) { c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKID2", "wJalrXUtnFEMI-very-secret", "") },
-		"secret":       func(c *sqs.Config) { c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "other-secret", "") },
+		"queue":    func(c *sqs.Config) { c.QueueURL += "2" },
+		"region":   func(c *sqs.Config) { c.AWS.Region = "eu-west-1" },
+		"endpoint": func(c *sqs.Config) { c.AWS.BaseEndpoint = aws.String("http://127.0.0.1:1") },
+		"access key": func(c *sqs.Config) {
+			c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKID2", "wJalrXUtnFEMI-very-secret", "")
+		},
+		"secret": func(c *sqs.Config) {
+			c.AWS.Credentials = credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "other-secret", "")
+		},
 		"http client":  func(c *sqs.Config) { c.AWS.HTTPClient = otherHTTP },
 		"max attempts": func(c *sqs.Config) { c.AWS.RetryMaxAttempts = 7 },
 		"tuning":       func(c *sqs.Config) { c.Tuning.Linger = time.Millisecond },

@@ -1,0 +1,453 @@
+package sqs_test
+
+// Fault injection: an HTTP proxy between the codec and kumo answers, for
+// SendMessageBatch calls, with 500s, throttling, delays, reset connections
+// or a doctored answer, and each test asserts the codec's classification and
+// that every acknowledged message is in the queue.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+)
+
+// fault decides what the proxy does with the n-th SendMessageBatch call
+// (from 1). It returns true when it has answered itself; false forwards the
+// call to the server.
+type fault func(n int, w http.ResponseWriter, r *http.Request) bool
+
+// rewrite edits the server's answer to the n-th SendMessageBatch call.
+type rewrite func(n int, answer *batchAnswer)
+
+// batchAnswer is SendMessageBatch's JSON answer.
+type batchAnswer struct {
+	Successful []map[string]any `json:"Successful"`
+	Failed     []map[string]any `json:"Failed,omitempty"`
+}
+
+type proxy struct {
+	url     string
+	calls   atomic.Int64
+	mu      sync.Mutex
+	fault   fault
+	rewrite rewrite
+}
+
+func (p *proxy) set(f fault, rw rewrite) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fault, p.rewrite = f, rw
+}
+
+func (p *proxy) get() (fault, rewrite) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fault, p.rewrite
+}
+
+// newProxy serves on 127.0.0.1 in front of target until the test ends.
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	require.NoError(t, err)
+	p := &proxy{}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = tr
+	rp.ModifyResponse = func(resp *http.Response) error {
+		n, _ := strconv.Atoi(resp.Request.Header.Get("X-Test-Call"))
+		_, rw := p.get()
+		if n == 0 || rw == nil || resp.StatusCode != http.StatusOK {
+			return nil
+		}
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		var a batchAnswer
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		rw(n, &a)
+		raw, err = json.Marshal(a)
+		if err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(raw))
+		resp.ContentLength = int64(len(raw))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(raw)))
+		return nil
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" {
+			n := int(p.calls.Add(1))
+			r.Header.Set("X-Test-Call", strconv.Itoa(n))
+			if f, _ := p.get(); f != nil && f(n, w, r) {
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		srv.Close()
+		tr.CloseIdleConnections()
+	})
+	p.url = srv.URL
+	return p
+}
+
+// awsError answers with SQS's JSON error shape.
+func awsError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.Header().Set("X-Amzn-Query-Error", code+";Sender")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
+}
+
+// always applies f to every call.
+func always(f func(w http.ResponseWriter, r *http.Request)) fault {
+	return func(_ int, w http.ResponseWriter, r *http.Request) bool { f(w, r); return true }
+}
+
+// faultEnv is kumo behind a proxy: the codec talks to the proxy, the admin
+// client (queues, read back) to kumo.
+type faultEnv struct {
+	*env
+	proxy *proxy
+	queue string
+	codec *sqs.Codec
+}
+
+func newFaultEnv(t *testing.T, fifo bool) *faultEnv {
+	e := newKumo(t)
+	p := newProxy(t, e.endpoint)
+	q := e.createQueue(t, fifo, false)
+	cfg := e.cfg
+	cfg.BaseEndpoint = aws.String(p.url)
+	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem"})
+	require.NoError(t, err)
+	return &faultEnv{env: e, proxy: p, queue: q, codec: c}
+}
+
+// acknowledgedAreStored reads the queue back and checks that every message
+// with a successful result is there, with its body.
+func (f *faultEnv) acknowledgedAreStored(t *testing.T, batch []codec.Message, res []codec.Result) []message {
+	t.Helper()
+	got := f.drain(t, f.queue)
+	byID := map[string]message{}
+	for _, g := range got {
+		byID[g.ID] = g
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			continue
+		}
+		g, ok := byID[r.ID]
+		if assert.True(t, ok, "acknowledged message %d (%s) is missing", i, r.ID) {
+			assert.Equal(t, string(batch[i].Body), string(g.Body))
+		}
+	}
+	return got
+}
+
+// requireRetryable asserts the whole-request error the SDK gave up on is
+// retryable: not permanent, not a refusal.
+func requireRetryable(t *testing.T, err error) {
+	t.Helper()
+	require.Error(t, err)
+	assert.False(t, codec.IsPermanent(err), "%v", err)
+	assert.False(t, errors.Is(err, codec.ErrRefused), "%v", err)
+	var ee *codec.EntryError
+	assert.False(t, errors.As(err, &ee), "a retryable request error carries the SDK's error, not an EntryError")
+	assert.Contains(t, err.Error(), "sinkbatch/sqs: ")
+}
+
+func TestFaultServerError(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
+		awsError(w, http.StatusInternalServerError, "InternalError", "injected")
+	}), nil)
+	batch := batchOf(runName(t), 0, 3, 1)
+	_, err := f.codec.SendBatch(ctx(t), batch)
+	requireRetryable(t, err)
+	var re *awshttp.ResponseError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, http.StatusInternalServerError, re.HTTPStatusCode())
+	assert.EqualValues(t, 3, f.proxy.calls.Load(), "the SDK's standard retryer makes 3 attempts; the codec adds none")
+	assert.Empty(t, f.drain(t, f.queue))
+}
+
+func TestFaultServerErrorThenSuccess(t *testing.T) {
+	f := newFaultEnv(t, true)
+	f.proxy.set(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n > 2 {
+			return false
+		}
+		awsError(w, http.StatusServiceUnavailable, "ServiceUnavailable", "injected")
+		return true
+	}, nil)
+	batch := batchOf(runName(t), 0, 10, 3)
+	res, err := f.codec.SendBatch(ctx(t), batch)
+	require.NoError(t, err, "the SDK's third attempt succeeds")
+	for _, r := range res {
+		require.NoError(t, r.Err)
+	}
+	assert.EqualValues(t, 3, f.proxy.calls.Load())
+	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 10)
+}
+
+func TestFaultThrottling(t *testing.T) {
+	for _, code := range []string{"ThrottlingException", "RequestThrottled"} {
+		t.Run(code, func(t *testing.T) {
+			f := newFaultEnv(t, false)
+			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
+				awsError(w, http.StatusBadRequest, code, "Rate exceeded")
+			}), nil)
+			_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
+			requireRetryable(t, err)
+			var api smithy.APIError
+			require.ErrorAs(t, err, &api)
+			assert.Equal(t, code, api.ErrorCode())
+			assert.EqualValues(t, 3, f.proxy.calls.Load(), "throttling is retried by the SDK")
+		})
+	}
+}
+
+func TestFaultLatencyPastDeadline(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+		// Hold the call longer than the caller waits; the server
+		// never sees it. Reading the body lets net/http notice the
+		// client hanging up, which cancels r.Context().
+		_, _ = io.Copy(io.Discard, r.Body)
+		timer := time.NewTimer(10 * time.Second)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+			return false
+		case <-r.Context().Done():
+			return true
+		}
+	}, nil)
+	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := f.codec.SendBatch(c, batchOf(runName(t), 0, 2, 1))
+	elapsed := time.Since(start)
+	requireRetryable(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, elapsed, 2*time.Second, "SendBatch returns when its context is done")
+	assert.Empty(t, f.drain(t, f.queue))
+}
+
+func TestFaultConnectionReset(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		_ = conn.(*net.TCPConn).SetLinger(0) // close with RST
+		conn.Close()
+	}), nil)
+	_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
+	requireRetryable(t, err)
+	var api smithy.APIError
+	assert.False(t, errors.As(err, &api), "no answer from SQS: %v", err)
+	assert.EqualValues(t, 3, f.proxy.calls.Load(), "the SDK retries a reset connection")
+	assert.Empty(t, f.drain(t, f.queue))
+}
+
+func TestFaultConnectionResetThenSuccess(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n > 1 {
+			return false
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		_ = conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
+		return true
+	}, nil)
+	batch := batchOf(runName(t), 0, 5, 1)
+	res, err := f.codec.SendBatch(ctx(t), batch)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+	}
+	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
+}
+
+// entryIndex is the batch position behind an answer entry's Id.
+func entryIndex(e map[string]any) int {
+	i, _ := strconv.Atoi(e["Id"].(string))
+	return i
+}
+
+func TestFaultWrongBodyMD5OnOneEntry(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+		for _, e := range a.Successful {
+			if entryIndex(e) == 2 {
+				e["MD5OfMessageBody"] = "00000000000000000000000000000000"
+			}
+		}
+	})
+	batch := batchOf(runName(t), 0, 5, 1)
+	res, err := f.codec.SendBatch(ctx(t), batch)
+	require.NoError(t, err, "one entry's mismatch must not fail the request")
+	for i, r := range res {
+		if i == 2 {
+			var ee *codec.EntryError
+			require.ErrorAs(t, r.Err, &ee)
+			assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
+			assert.False(t, codec.IsPermanent(r.Err))
+			assert.Contains(t, ee.Message, "MD5OfMessageBody")
+			continue
+		}
+		require.NoError(t, r.Err)
+	}
+	// kumo stored all five; the four acknowledged are among them.
+	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
+}
+
+func TestFaultWrongAttributesMD5OnOneEntry(t *testing.T) {
+	f := newFaultEnv(t, false)
+	batch := batchOf(runName(t), 0, 3, 1)
+	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+		// kumo returns no attribute MD5: add the right one to every
+		// entry but the second, and a wrong one there.
+		for _, e := range a.Successful {
+			i := entryIndex(e)
+			m := batch[i]
+			attrs := map[string]types.MessageAttributeValue{
+				"idem": {DataType: aws.String("String"), StringValue: aws.String(m.IdempotencyKey)},
+			}
+			for k, v := range m.Attributes {
+				attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+			}
+			e["MD5OfMessageAttributes"] = sqs.AttributesMD5(attrs)
+			if i == 1 {
+				e["MD5OfMessageAttributes"] = "0123456789abcdef0123456789abcdef"
+			}
+		}
+	})
+	res, err := f.codec.SendBatch(ctx(t), batch)
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	require.NoError(t, res[2].Err)
+	var ee *codec.EntryError
+	require.ErrorAs(t, res[1].Err, &ee)
+	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
+	assert.Contains(t, ee.Message, "MD5OfMessageAttributes")
+	assert.False(t, codec.IsPermanent(res[1].Err))
+	f.acknowledgedAreStored(t, batch, res)
+}
+
+func TestFaultAnswerReorderedAndIncomplete(t *testing.T) {
+	f := newFaultEnv(t, false)
+	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+		var keep []map[string]any
+		for _, e := range a.Successful {
+			switch entryIndex(e) {
+			case 1: // dropped from both lists
+			case 3: // failed by the server's fault: retryable
+				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": "InternalError", "Message": "injected", "SenderFault": false})
+			case 4: // failed by the sender's fault: permanent
+				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": "InvalidParameterValue", "Message": "injected", "SenderFault": true})
+			default:
+				keep = append(keep, e)
+			}
+		}
+		for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
+			keep[i], keep[j] = keep[j], keep[i] // results map by Id, not position
+		}
+		a.Successful = keep
+	})
+	batch := batchOf(runName(t), 0, 6, 1)
+	res, err := f.codec.SendBatch(ctx(t), batch)
+	require.NoError(t, err)
+	var ee *codec.EntryError
+	require.ErrorAs(t, res[1].Err, &ee)
+	assert.Equal(t, sqs.CodeMissingResult, ee.Code)
+	assert.False(t, codec.IsPermanent(res[1].Err))
+	require.ErrorAs(t, res[3].Err, &ee)
+	assert.Equal(t, "InternalError", ee.Code)
+	assert.False(t, codec.IsPermanent(res[3].Err))
+	require.ErrorAs(t, res[4].Err, &ee)
+	assert.Equal(t, "InvalidParameterValue", ee.Code)
+	assert.True(t, codec.IsPermanent(res[4].Err))
+	for _, i := range []int{0, 2, 5} {
+		require.NoError(t, res[i].Err)
+	}
+	// acknowledgedAreStored matches each acknowledged id to its body: a
+	// position-based mapping of the reversed answer would fail here.
+	f.acknowledgedAreStored(t, batch, res)
+}
+
+func TestFaultWholeRequestErrors(t *testing.T) {
+	tests := []struct {
+		code      string
+		status    int
+		refused   bool
+		permanent bool
+	}{
+		{"BatchRequestTooLong", 400, true, false},
+		{"TooManyEntriesInBatchRequest", 400, true, false},
+		{"QueueDoesNotExist", 400, false, true},
+		{"AccessDenied", 403, false, true},
+		{"InvalidClientTokenId", 403, false, true},
+		{"SignatureDoesNotMatch", 403, false, true},
+		{"SomethingNew", 400, false, true},
+		{"KmsThrottled", 400, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code, func(t *testing.T) {
+			f := newFaultEnv(t, false)
+			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
+				awsError(w, tt.status, tt.code, "injected")
+			}), nil)
+			_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
+			require.Error(t, err)
+			assert.Equal(t, tt.refused, errors.Is(err, codec.ErrRefused), "%v", err)
+			var ee *codec.EntryError
+			if tt.permanent {
+				require.ErrorAs(t, err, &ee)
+				assert.True(t, ee.Permanent)
+				assert.Equal(t, tt.code, ee.Code)
+			}
+			if !tt.refused {
+				assert.Equal(t, tt.permanent, codec.IsPermanent(err), "%v", err)
+			}
+			assert.Contains(t, err.Error(), tt.code)
+			assert.NotContains(t, err.Error(), "secret-test")
+		})
+	}
+}
