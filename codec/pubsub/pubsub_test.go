@@ -646,3 +646,42 @@ func TestMixedOrderingKeys(t *testing.T) {
 		assert.NoError(t, res[4].Err)
 	})
 }
+
+func TestReadyClient(t *testing.T) {
+	rec := &recorder{fail: func(n int64, _ *pubsubpb.PublishRequest) error {
+		if n == 1 || n == 3 {
+			return status.Error(codes.Unavailable, "flaky")
+		}
+		return nil
+	}}
+	srv := newServer(t, rec.option())
+	client, err := newAPIClient(srv.Addr)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, client.Close()) }()
+
+	// Control: on its own the client retries Unavailable.
+	_, err = client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte("control")}}})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rec.calls.Load())
+
+	c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Client: client, IdentityExtra: []byte("test client")})
+	require.NoError(t, err)
+	_, err = c.SendBatch(context.Background(), []codec.Message{msg(1)})
+	require.Error(t, err, "the client's own retry of Unavailable is overridden")
+	assert.Equal(t, int64(3), rec.calls.Load())
+	assert.False(t, codec.IsPermanent(err))
+
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "Close is idempotent")
+	res, err := c.SendBatch(context.Background(), []codec.Message{msg(2)})
+	require.NoError(t, err, "Close left the caller's client open")
+	assert.NotEmpty(t, res[0].ID)
+
+	t.Run("a dialled client is closed", func(t *testing.T) {
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		require.NoError(t, c.Close())
+		_, err := c.SendBatch(context.Background(), []codec.Message{msg(3)})
+		require.Error(t, err)
+		assert.False(t, codec.IsPermanent(err))
+	})
+}
