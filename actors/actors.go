@@ -2,9 +2,9 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -106,6 +106,11 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 // (see package messages for what each error means). It waits until ctx's
 // deadline, or DefaultTimeout when ctx has none; if ctx ends first, Deliver
 // returns ctx.Err() and m is never sent unless its batch already left.
+//
+// Deliver is a request-reply like protoactor's RequestFuture, on a reply
+// process of its own: protoactor's Future writes a reply outside its lock, so
+// a reply racing a timeout or a cancel is a data race there (a caller that
+// gives up at its deadline is routine here).
 func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -113,33 +118,49 @@ func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 	if i.sup.Stopping() {
 		return "", messages.ErrStopped
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
+	deadline, hasDeadline := ctx.Deadline()
+	var timeout <-chan time.Time
+	if !hasDeadline {
 		deadline = time.Now().Add(i.timeout)
+		t := time.NewTimer(i.timeout)
+		defer t.Stop()
+		timeout = t.C
 	}
-	f := i.system.Root.RequestFuture(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, time.Until(deadline))
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() {
-			i.sup.Cancelled(c)
-			i.system.Root.Stop(f.PID())
-		})
-	}
-	res, err := f.Result()
-	if stop != nil {
-		stop()
-	}
-	if d, ok := res.(*messages.Delivered); ok {
+	w := &waiter{answer: make(chan *messages.Delivered, 1)}
+	reg := i.system.ProcessRegistry
+	pid, _ := reg.Add(w, "sinkbatch$"+reg.NextId())
+	defer reg.Remove(pid)
+	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, pid)
+	select {
+	case d := <-w.answer:
 		return d.ID, d.Err
+	case <-ctx.Done():
+		if ctx.Err() == context.Canceled {
+			i.sup.Cancelled(c)
+		}
+		return "", ctx.Err()
+	case <-timeout:
+		return "", fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
-	if cerr := ctx.Err(); cerr != nil {
-		return "", cerr // the future was stopped, or timed out, because ctx ended
-	}
-	if errors.Is(err, actor.ErrTimeout) {
-		return "", fmt.Errorf("sinkbatch: no answer before the deadline: %w", context.DeadlineExceeded)
-	}
-	return "", fmt.Errorf("sinkbatch: deliver: no answer: %v (%T)", err, res)
 }
+
+// waiter is the reply process of one Deliver call. It takes the first
+// *messages.Delivered and ignores anything after it; once Deliver returns it
+// leaves the registry, which is how a batcher sees that its caller is gone.
+type waiter struct {
+	answer chan *messages.Delivered
+	taken  atomic.Bool
+}
+
+func (w *waiter) SendUserMessage(_ *actor.PID, message any) {
+	if d, ok := actor.UnwrapEnvelopeMessage(message).(*messages.Delivered); ok && w.taken.CompareAndSwap(false, true) {
+		w.answer <- d
+	}
+}
+
+func (w *waiter) SendSystemMessage(*actor.PID, any) {}
+
+func (w *waiter) Stop(*actor.PID) {}
 
 // PID is where actors send *messages.Deliver, with ctx.Request or a future,
 // to be answered with one *messages.Delivered. The PID runs no mailbox of its

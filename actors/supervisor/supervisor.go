@@ -92,7 +92,18 @@ func Start(system *actor.ActorSystem, cfg Config) (*Supervisor, error) {
 		return nil, fmt.Errorf("sinkbatch: start instance %q: %w", cfg.Name, err)
 	}
 	s.parent = parent
-	pid, ok := system.ProcessRegistry.Add(&router{s: s}, parent.Id+"/deliver")
+	id := parent.Id + "/deliver"
+	pid, ok := system.ProcessRegistry.Add(&router{s: s}, id)
+	if !ok {
+		// A stopped instance of the same name leaves its router behind to
+		// answer late senders with ErrStopped; a new instance takes over.
+		if p, found := system.ProcessRegistry.GetLocal(id); found {
+			if old, isRouter := p.(*router); isRouter && old.s.stopping.Load() {
+				system.ProcessRegistry.Remove(&actor.PID{Address: system.Address(), Id: id})
+				pid, ok = system.ProcessRegistry.Add(&router{s: s}, id)
+			}
+		}
+	}
 	if !ok {
 		system.Root.StopFuture(parent).Wait()
 		return nil, fmt.Errorf("sinkbatch: start instance %q: name taken", cfg.Name)
@@ -164,7 +175,8 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 			err = fmt.Errorf("sinkbatch: stop: requests still running: %w", ctx.Err())
 		}
 	}
-	s.system.ProcessRegistry.Remove(s.pid)
+	// The router stays registered so that late senders are answered with
+	// ErrStopped rather than dead-lettered.
 	if err != nil {
 		s.log.Warn("sinkbatch: stopped before everything was answered", slog.Any("error", err), slog.Duration("took", time.Since(start)))
 	} else {
