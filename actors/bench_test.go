@@ -1,0 +1,305 @@
+package actors_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// instant answers every message at once and keeps nothing.
+type instant struct{ lim codec.Limits }
+
+func (c *instant) Name() string             { return "instant" }
+func (c *instant) Identity() []byte         { return nil }
+func (c *instant) Limits() codec.Limits     { return c.lim }
+func (c *instant) Tuning() codec.Tuning     { return codec.Tuning{} }
+func (c *instant) Size(m codec.Message) int { return len(m.Body) }
+func (c *instant) SendBatch(_ context.Context, b []codec.Message) ([]codec.Result, error) {
+	res := make([]codec.Result, len(b))
+	for i := range res {
+		res[i].ID = "id"
+	}
+	return res, nil
+}
+
+// echo answers every request at once: the bare protoactor round trip.
+type echo struct{}
+
+func (echo) Receive(ctx actor.Context) {
+	if d, ok := ctx.Message().(*messages.Deliver); ok {
+		ctx.Respond(&messages.Delivered{Ref: d.Ref, ID: "id"})
+	}
+}
+
+const callers = 1024
+
+// run makes n calls of call from callers goroutines and returns the time
+// they took.
+func run(n int, call func(ctx context.Context) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	start := time.Now()
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				// Each call has its own deadline, as a dispatch attempt does.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := call(ctx)
+				cancel()
+				if err != nil {
+					failed.Store(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(start)
+	if err, _ := failed.Load().(error); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+type overheadRig struct {
+	system *actor.ActorSystem
+	inst   *actors.Instance
+	echo   *actor.PID
+	codec  *instant
+	msg    codec.Message
+}
+
+func newOverheadRig(b *testing.B) *overheadRig {
+	system := quietSystem()
+	inst, err := actors.Start(system, actors.Config{Name: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := &overheadRig{
+		system: system, inst: inst,
+		echo:  system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return echo{} })),
+		codec: &instant{lim: codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}},
+		msg:   codec.Message{Tenant: "t", Body: []byte("0123456789abcdef")},
+	}
+	b.Cleanup(func() {
+		_ = system.Root.StopFuture(r.echo).Wait()
+		_ = inst.Stop(context.Background())
+		system.Shutdown()
+	})
+	return r
+}
+
+// baseline is a protoactor RequestFuture round trip with the same context
+// handling as Instance.Deliver: the future's timeout is the ctx deadline.
+func (r *overheadRig) baseline(ctx context.Context) error {
+	deadline, _ := ctx.Deadline()
+	res, err := r.system.Root.RequestFuture(r.echo, &messages.Deliver{Codec: r.codec, Message: r.msg}, time.Until(deadline)).Result()
+	if err != nil {
+		return err
+	}
+	return res.(*messages.Delivered).Err
+}
+
+func (r *overheadRig) deliver(ctx context.Context) error {
+	_, err := r.inst.Deliver(ctx, r.codec, r.msg)
+	return err
+}
+
+// BenchmarkOverhead compares Instance.Deliver through an instant codec (10
+// entries a request) with the bare protoactor round trip, 1024 callers each.
+func BenchmarkOverhead(b *testing.B) {
+	for _, mode := range []string{"protoactor", "sinkbatch"} {
+		b.Run(mode, func(b *testing.B) {
+			r := newOverheadRig(b)
+			call := r.baseline
+			if mode == "sinkbatch" {
+				call = r.deliver
+			}
+			b.ReportAllocs()
+			var ru0 cpuClock
+			ru0.read()
+			b.ResetTimer()
+			d, err := run(b.N, call)
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/d.Seconds(), "calls/s")
+			b.ReportMetric(float64(ru0.since())/float64(b.N), "cpu-ns/call")
+		})
+	}
+}
+
+// BenchmarkOverheadRatio measures both in alternating rounds of the same run
+// and reports deliveries/s divided by round trips/s (goal ≥ 0.6).
+func BenchmarkOverheadRatio(b *testing.B) {
+	r := newOverheadRig(b)
+	const round = 20000
+	var base, ours time.Duration
+	for range max(b.N/round, 1) {
+		for _, m := range []struct {
+			call func(context.Context) error
+			sum  *time.Duration
+		}{{r.baseline, &base}, {r.deliver, &ours}} {
+			d, err := run(round, m.call)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*m.sum += d
+		}
+	}
+	b.ReportMetric(base.Seconds()/ours.Seconds(), "ratio")
+}
+
+// boundRig starts an instance and a codec whose requests take latency.
+func boundRig(b *testing.B, latency time.Duration, inflight int) (*actors.Instance, *fakecodec.Codec) {
+	system := quietSystem()
+	inst, err := actors.Start(system, actors.Config{Name: "bound"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = inst.Stop(context.Background())
+		system.Shutdown()
+	})
+	c := fakecodec.New("bound", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{MaxInflight: inflight}
+	c.Latency = latency
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		return make([]codec.Result, len(batch)), nil
+	}
+	return inst, c
+}
+
+// BenchmarkBound saturates a destination whose requests take L with N in
+// flight, and reports deliveries/s divided by N × 10 / (mean request time
+// measured inside the codec): 1.0 is the destination's own limit.
+func BenchmarkBound(b *testing.B) {
+	for _, tc := range []struct {
+		latency  time.Duration
+		inflight int
+	}{{20 * time.Millisecond, 8}, {2 * time.Millisecond, 32}} {
+		b.Run(fmt.Sprintf("L=%v/N=%d", tc.latency, tc.inflight), func(b *testing.B) {
+			inst, c := boundRig(b, tc.latency, tc.inflight)
+			msg := codec.Message{Tenant: "t", Body: []byte("x")}
+			n := max(b.N, 20*tc.inflight*10)
+			// Warm up: start the batcher.
+			if _, err := inst.Deliver(context.Background(), c, msg); err != nil {
+				b.Fatal(err)
+			}
+			req0, busy0 := c.Requests(), c.Busy()
+			b.ResetTimer()
+			d, err := run(n, func(ctx context.Context) error {
+				_, err := inst.Deliver(ctx, c, msg)
+				return err
+			})
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := c.Requests() - req0
+			mean := (c.Busy() - busy0) / time.Duration(reqs)
+			bound := float64(tc.inflight*10) / mean.Seconds()
+			got := float64(n) / d.Seconds()
+			b.ReportMetric(got, "deliveries/s")
+			b.ReportMetric(got/bound, "of-bound")
+			b.ReportMetric(float64(n)/float64(reqs), "entries/request")
+		})
+	}
+}
+
+// BenchmarkFairness measures a small tenant's p99 latency beside a tenant
+// flooding 10 000 deliveries, divided by its p99 alone (goal ≤ 2).
+func BenchmarkFairness(b *testing.B) {
+	system := quietSystem()
+	inst, err := actors.Start(system, actors.Config{Name: "fair"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = inst.Stop(context.Background())
+		system.Shutdown()
+	}()
+	c := fakecodec.New("fair", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{MaxInflight: 4}
+	c.Latency = time.Millisecond
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		return make([]codec.Result, len(batch)), nil
+	}
+	small := func() []time.Duration {
+		var out []time.Duration
+		for range 10 { // rounds of the small tenant's 10 messages
+			lat := make([]time.Duration, 10)
+			var wg sync.WaitGroup
+			for i := range lat {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					start := time.Now()
+					if _, err := inst.Deliver(context.Background(), c, codec.Message{Tenant: "small", Body: []byte("s")}); err != nil {
+						b.Error(err)
+					}
+					lat[i] = time.Since(start)
+				}()
+			}
+			wg.Wait()
+			out = append(out, lat...)
+		}
+		return out
+	}
+	p99 := func(d []time.Duration) time.Duration {
+		slices.Sort(d)
+		return d[len(d)*99/100]
+	}
+	for range b.N {
+		alone := p99(small())
+		var left atomic.Int64
+		left.Store(10000)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 2048 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for left.Add(-1) >= 0 {
+					for {
+						_, err := inst.Deliver(context.Background(), c, codec.Message{Tenant: "flood", Body: []byte("f")})
+						var ra *messages.RetryAfterError
+						if !errors.As(err, &ra) {
+							break
+						}
+						select {
+						case <-time.After(ra.After):
+						case <-stop:
+							return
+						}
+					}
+				}
+			}()
+		}
+		for inst.Stats().Queued < 1000 {
+			runtime.Gosched()
+		}
+		beside := p99(small())
+		close(stop)
+		wg.Wait()
+		b.ReportMetric(float64(alone.Microseconds()), "alone-p99-µs")
+		b.ReportMetric(float64(beside.Microseconds()), "beside-p99-µs")
+		b.ReportMetric(float64(beside)/float64(alone), "ratio")
+	}
+}
