@@ -3,6 +3,7 @@ package messages
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -86,3 +87,21 @@ type RetryAfterError struct {
 func (e *RetryAfterError) Error() string {
 	return fmt.Sprintf("sinkbatch: queue full (%s), retry after %v", e.Reason, e.After)
 }
+
+// LogValue keeps the codec, which may hold credentials, and the payload out
+// of logs (protoactor logs undeliverable messages whole).
+func (d *Deliver) LogValue() slog.Value {
+	sink := "<nil>"
+	if d.Codec != nil {
+		sink = d.Codec.Name()
+	}
+	return slog.GroupValue(
+		slog.String("sink", sink),
+		slog.String("tenant", d.Message.Tenant),
+		slog.String("group", d.Message.Group),
+		slog.Int("bytes", len(d.Message.Body)),
+	)
+}
+
+// String is LogValue for fmt.
+func (d *Deliver) String() string { return "Deliver" + d.LogValue().String() }
