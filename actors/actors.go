@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/ankusa/sinkbatch/actors/supervisor"
 	"github.com/ankusa/sinkbatch/codec"
@@ -35,8 +36,12 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Logger receives the instance's logs; nil: the actor system's logger.
 	Logger *slog.Logger
-	// Recorder receives flushes and refusals; nil: none are recorded.
-	// telemetry.New builds one on an OpenTelemetry MeterProvider.
+	// MeterProvider receives the instance's OpenTelemetry metrics (see
+	// package telemetry for the instruments); nil: no metrics. sinkbatch
+	// never touches the global provider.
+	MeterProvider metric.MeterProvider
+	// Recorder receives flushes and refusals instead of MeterProvider, for
+	// a metrics system of your own. Set one of the two at most.
 	Recorder telemetry.Recorder
 }
 
@@ -55,6 +60,7 @@ type Instance struct {
 	cfg     Config
 	sup     *supervisor.Supervisor
 	timeout time.Duration
+	metrics *telemetry.OTel // nil without a MeterProvider
 }
 
 // Start starts an instance in system. It returns an error if the config is
@@ -85,6 +91,20 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = system.Logger()
 	}
+	if cfg.MeterProvider != nil && cfg.Recorder != nil {
+		return nil, fmt.Errorf("sinkbatch: Config.MeterProvider and Config.Recorder are both set; set one")
+	}
+	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
+	if cfg.MeterProvider != nil {
+		otel, err := telemetry.New(cfg.MeterProvider, cfg.Name, func() telemetry.Gauges {
+			s := inst.Stats()
+			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes}
+		})
+		if err != nil {
+			return nil, err
+		}
+		inst.metrics, cfg.Recorder = otel, otel
+	}
 	if cfg.Recorder == nil {
 		cfg.Recorder = telemetry.Nop{}
 	}
@@ -96,9 +116,13 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		Recorder:        cfg.Recorder,
 	})
 	if err != nil {
+		if inst.metrics != nil {
+			_ = inst.metrics.Close()
+		}
 		return nil, err
 	}
-	return &Instance{system: system, cfg: cfg, sup: sup, timeout: cfg.DefaultTimeout}, nil
+	inst.sup = sup
+	return inst, nil
 }
 
 // Deliver sends m to the destination c describes and returns when m's own
@@ -183,4 +207,11 @@ func (i *Instance) Stats() Stats {
 // flight is answered with ErrStopped, in-flight requests are cancelled, and
 // Stop returns an error wrapping ctx.Err(). Stop may be called more than
 // once; later calls wait for the first.
-func (i *Instance) Stop(ctx context.Context) error { return i.sup.Stop(ctx) }
+func (i *Instance) Stop(ctx context.Context) error {
+	err := i.sup.Stop(ctx)
+	if i.metrics != nil {
+		// The gauges stop with the instance; its counters stay exported.
+		_ = i.metrics.Close()
+	}
+	return err
+}

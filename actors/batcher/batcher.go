@@ -271,7 +271,7 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 		}
 	}
 	b.p.Recorder.Flushed(report)
-	b.system.Root.Send(b.self, &done{batch: f})
+	tell(b.system, b.self, &done{batch: f})
 }
 
 // bisect sends msgs and writes one result per message into out. When the
@@ -314,10 +314,19 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 }
 
 func (b *Batcher) reply(sender *actor.PID, d *messages.Deliver, r codec.Result) {
-	if sender == nil {
-		return
+	if sender != nil {
+		tell(b.system, sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
 	}
-	b.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+}
+
+// tell sends msg to pid if pid is still registered. A caller that gave up
+// has left the registry; sending it the answer anyway would make protoactor
+// log a dead letter for every late result. It costs the same lookup as a
+// plain send.
+func tell(system *actor.ActorSystem, pid *actor.PID, msg any) {
+	if p, ok := system.ProcessRegistry.Get(pid); ok {
+		p.SendUserMessage(pid, msg)
+	}
 }
 
 // alive reports whether e's caller still waits: a future that timed out or
@@ -331,11 +340,11 @@ func (b *Batcher) alive(e *entry) bool {
 }
 
 // answerDropped answers the entries the queue dropped: those whose deadline
-// passed get errExpired if their caller still listens; those whose caller is
-// gone get nothing.
+// passed get errExpired (if their caller still listens: see tell); those
+// whose caller is gone get nothing.
 func (b *Batcher) answerDropped(dropped []*entry) {
 	for _, e := range dropped {
-		if e.deadline <= b.now && b.alive(e) {
+		if e.deadline <= b.now {
 			b.reply(e.sender, e.deliver, codec.Result{Err: errExpired})
 		}
 	}
@@ -353,9 +362,7 @@ func (b *Batcher) answerAll(err error) {
 		b.current = nil
 	}
 	for _, e := range b.q.drainAll() {
-		if b.alive(e) {
-			b.reply(e.sender, e.deliver, codec.Result{Err: err})
-		}
+		b.reply(e.sender, e.deliver, codec.Result{Err: err})
 	}
 	for f := range b.running {
 		if f.claimed.CompareAndSwap(false, true) {
@@ -380,7 +387,7 @@ func (b *Batcher) arm(wake int64) {
 	b.armed = wake
 }
 
-func (b *Batcher) fire() { b.system.Root.Send(b.self, b.tickMsg) }
+func (b *Batcher) fire() { tell(b.system, b.self, b.tickMsg) }
 
 func (b *Batcher) stopTimer() {
 	if b.timer != nil {

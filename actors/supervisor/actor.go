@@ -50,7 +50,7 @@ func (a *supervisorActor) Receive(ctx actor.Context) {
 // order, before opening the route.
 func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 	if s.stopping.Load() {
-		s.retire(rt)
+		s.retire(rt, messages.ErrStopped)
 		s.checkDrained()
 		return
 	}
@@ -70,7 +70,7 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 		// Only a name still taken can fail here, and the old batcher's
 		// Terminated has been seen: answer rather than hold forever.
 		s.log.Error("sinkbatch: could not start a batcher", slog.String("destination", rt.name), slog.Any("error", err))
-		s.retireWith(rt, fmt.Errorf("%w: %v", errSpawn, err))
+		s.retire(rt, fmt.Errorf("%w: %v", errSpawn, err))
 		return
 	}
 	proc, _ := s.system.ProcessRegistry.Get(pid)
@@ -103,32 +103,40 @@ func (s *Supervisor) idle(ctx actor.Context, m *batcher.Idle) {
 
 // terminated retires a stopped batcher's route, or starts its replacement
 // when deliveries arrived while it stopped. protoactor frees the name before
-// it sends Terminated, so the replacement can take it at once.
+// it sends Terminated, so the replacement can take it at once. The choice is
+// made under the route's lock: a delivery held after it would be lost.
 func (s *Supervisor) terminated(ctx actor.Context, who *actor.PID) {
 	rt := s.children[who.Id]
 	if rt == nil {
 		return
 	}
 	delete(s.children, who.Id)
-	s.counters.Batchers.Add(-1)
 	rt.mu.Lock()
-	respawn := len(rt.held) > 0 && !s.stopping.Load()
-	rt.mu.Unlock()
-	if respawn {
+	if len(rt.held) > 0 && !s.stopping.Load() {
+		rt.mu.Unlock()
+		s.counters.Batchers.Add(-1)
 		s.spawn(ctx, rt)
 		return
 	}
+	held := s.retireLocked(rt)
+	rt.mu.Unlock()
 	s.log.Info("sinkbatch: batcher stopped idle", slog.String("destination", rt.name))
-	s.retire(rt)
+	s.counters.Batchers.Add(-1)
+	s.answer(held, messages.ErrStopped)
 	s.checkDrained()
 }
 
-// retire removes rt for good and answers what it held with ErrStopped (it
-// holds something only when the instance is stopping).
-func (s *Supervisor) retire(rt *route) { s.retireWith(rt, messages.ErrStopped) }
-
-func (s *Supervisor) retireWith(rt *route, err error) {
+// retire removes rt for good and answers what it held with err.
+func (s *Supervisor) retire(rt *route, err error) {
 	rt.mu.Lock()
+	held := s.retireLocked(rt)
+	rt.mu.Unlock()
+	s.answer(held, err)
+}
+
+// retireLocked marks rt retired and removes it from the routing maps, so
+// that senders look the destination up anew. It returns what rt held.
+func (s *Supervisor) retireLocked(rt *route) []any {
 	held := rt.held
 	rt.held, rt.retired = nil, true
 	s.routes.CompareAndDelete(rt.name, rt)
@@ -136,11 +144,19 @@ func (s *Supervisor) retireWith(rt *route, err error) {
 		s.codecs.CompareAndDelete(k, rt)
 	}
 	rt.keys = nil
-	rt.mu.Unlock()
+	return held
+}
+
+// answer answers held deliveries with err.
+func (s *Supervisor) answer(held []any, err error) {
 	for _, m := range held {
-		if _, msg, sender := actor.UnwrapEnvelope(m); sender != nil {
-			d := msg.(*messages.Deliver)
-			s.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: err})
+		_, msg, sender := actor.UnwrapEnvelope(m)
+		if sender == nil {
+			continue
+		}
+		d := msg.(*messages.Deliver)
+		if p, ok := s.system.ProcessRegistry.Get(sender); ok {
+			p.SendUserMessage(sender, &messages.Delivered{Ref: d.Ref, Err: err})
 		}
 	}
 }

@@ -194,6 +194,7 @@ func (s *Supervisor) route(message any, d *messages.Deliver, sender *actor.PID) 
 			s.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: err})
 		}
 	}
+	// (The sender is alive: it is sending.)
 	if s.stopping.Load() {
 		refuse(messages.ErrStopped)
 		return
