@@ -180,6 +180,7 @@ func boundRig(b *testing.B, latency time.Duration, inflight int) (*actors.Instan
 	c := fakecodec.New("bound", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 	c.Tune = codec.Tuning{MaxInflight: inflight}
 	c.Latency = latency
+	c.Discard = true
 	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		return make([]codec.Result, len(batch)), nil
 	}
@@ -238,6 +239,7 @@ func BenchmarkFairness(b *testing.B) {
 	c := fakecodec.New("fair", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 	c.Tune = codec.Tuning{MaxInflight: 4}
 	c.Latency = time.Millisecond
+	c.Discard = true
 	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		return make([]codec.Result, len(batch)), nil
 	}
