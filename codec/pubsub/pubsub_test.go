@@ -685,3 +685,21 @@ func TestReadyClient(t *testing.T) {
 		assert.False(t, codec.IsPermanent(err))
 	})
 }
+
+func FuzzSize(f *testing.F) {
+	f.Add([]byte("body"), "group", "idem", "key", "value")
+	f.Add([]byte{}, "", "", "", "")
+	f.Add(bytes.Repeat([]byte{1}, 300), strings.Repeat("g", 200), "", strings.Repeat("k", 127), strings.Repeat("v", 128))
+	c := newCodec(f, "127.0.0.1:1", testTopic, codec.Tuning{})
+	f.Fuzz(func(t *testing.T, body []byte, group, idem, key, value string) {
+		m := codec.Message{Body: body, Group: group, IdempotencyKey: idem}
+		if key != "" || value != "" {
+			m.Attributes = map[string]string{key: value}
+		}
+		req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{toProto(m, pubsub.DefaultIdempotencyAttribute)}}
+		if _, taken := m.Attributes[pubsub.DefaultIdempotencyAttribute]; taken && idem != "" {
+			t.Skip("invalid: the idempotency attribute is taken")
+		}
+		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+c.Size(m))
+	})
+}
