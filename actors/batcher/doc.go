@@ -1,0 +1,27 @@
+// Package batcher is the actor that owns one destination's queue.
+//
+// The batching rules (admission bounds, tenant round-robin, group gating,
+// the flush decision, the sweep of abandoned entries) live in queue, a plain
+// type that reads no clock, starts no goroutine and sends no message: time
+// comes in as an argument and caller liveness as a callback, so tests drive it
+// step by step (queue_test.go) and a fuzzer compares it with a simple model.
+// Batcher is the thin driver around it, as raft's node drives RawNode: it
+// feeds the queue deliveries and ticks, launches each batch's request on its
+// own goroutine, and turns what comes back into answers.
+//
+// # Concurrency
+//
+// Everything in Batcher is touched only from Receive, except the fields the
+// request goroutines read, which Started sets and nothing changes after. A
+// batch's callers are answered exactly once, by whoever first claims the
+// batch: its request goroutine with the results, or the batcher when it
+// restarts, aborts or stops (protoactor races on a second reply to a
+// future). Results of a crashed incarnation carry its epoch and are ignored.
+//
+// # Messages
+//
+// The supervisor and a batcher speak Idle (nothing queued or in flight for
+// IdleTimeout, with the count of deliveries received so far), Drain and
+// Drained (Stop), and Abort (Stop's context ended). Params carries what must
+// outlive a restart: the received count and the epoch counter.
+package batcher
