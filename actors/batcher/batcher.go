@@ -56,10 +56,26 @@ type inflight struct {
 
 var errExpired = fmt.Errorf("sinkbatch: the deadline passed before the message was sent: %w", context.DeadlineExceeded)
 
-// Props returns the props of a batcher for p's destination.
+// Props returns the props of a batcher for p's destination. Its mailbox
+// lets request results and ticks pass the deliveries waiting in it: a result
+// frees a request slot and opens its groups, so it must not queue behind a
+// burst of deliveries that cannot be sent until it is handled.
 func Props(p *Params) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p} })
+	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p} },
+		actor.WithMailbox(actor.UnboundedPriorityMpsc()))
 }
+
+// Mailbox priorities (protoactor's default is 4).
+const (
+	priorityResult = 7
+	priorityTick   = 6
+)
+
+// GetPriority puts request results first in the mailbox.
+func (*done) GetPriority() int8 { return priorityResult }
+
+// GetPriority puts ticks before deliveries.
+func (*tick) GetPriority() int8 { return priorityTick }
 
 // Batcher is the actor that owns one destination's queue. It admits
 // deliveries, decides when a batch goes out, runs each request on its own
