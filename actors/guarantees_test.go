@@ -474,6 +474,31 @@ func TestBisectionIsolatesARefusedMessage(t *testing.T) {
 	assert.Equal(t, f.Requests-1, f.Bisections)
 }
 
+// A half that fails for a reason other than a refusal ends the bisection:
+// the later half is not sent, so it cannot overtake the failed one.
+func TestBisectionStopsAtAFailedHalf(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "bisect-fail"})
+	c := fakecodec.New("q", codec.Limits{MaxEntries: 8, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{Linger: time.Hour}
+	throttled := &codec.EntryError{Code: "Throttling", Message: "slow down"}
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		if len(batch) == 8 {
+			return nil, fmt.Errorf("one bad entry: %w", codec.ErrRefused)
+		}
+		return nil, throttled // the first half: the destination is throttling now
+	}
+	var chans []<-chan result
+	for i := range 8 {
+		chans = append(chans, deliverAsync(inst, c, msg("a", "g", fmt.Sprint(i)), 10*time.Second))
+	}
+	for _, ch := range chans {
+		r := await(t, ch)
+		assert.ErrorIs(t, r.err, throttled)
+		assert.False(t, codec.IsPermanent(r.err))
+	}
+	assert.Equal(t, int64(2), c.Requests(), "the refused request and its first half; the second half was not sent")
+}
+
 // panicky crashes the batcher when Size sees "boom".
 type panicky struct{ *fakecodec.Codec }
 

@@ -278,7 +278,7 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 	defer f.cancel()
 	start := time.Now()
 	results := make([]codec.Result, len(msgs))
-	report.Requests = b.bisect(ctx, msgs, results)
+	report.Requests, _ = b.bisect(ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
 	if f.claimed.CompareAndSwap(false, true) {
@@ -292,25 +292,39 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 
 // bisect sends msgs and writes one result per message into out. When the
 // destination refuses the request for its content, it sends each half in
-// turn, in order, until the refused messages stand alone. It returns the
-// number of requests it took.
-func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.Result) int {
+// turn, in order, until the refused messages stand alone. A half that fails
+// for any other reason (throttling, a 5xx, a deadline) ends the bisection:
+// the halves after it are not sent but answered with the same error, so that
+// no entry overtakes an earlier one of its group that its caller will send
+// again. It returns the number of requests it took and that failure, if any.
+func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.Result) (int, error) {
 	res, err := b.send(ctx, msgs)
 	switch {
 	case err == nil:
 		copy(out, res)
-		return 1
+		return 1, nil
 	case errors.Is(err, codec.ErrRefused) && len(msgs) > 1:
 		h := len(msgs) / 2
-		return 1 + b.bisect(ctx, msgs[:h], out[:h]) + b.bisect(ctx, msgs[h:], out[h:])
-	}
-	if errors.Is(err, codec.ErrRefused) {
+		first, failed := b.bisect(ctx, msgs[:h], out[:h])
+		if failed != nil {
+			fill(out[h:], failed)
+			return 1 + first, failed
+		}
+		second, failed := b.bisect(ctx, msgs[h:], out[h:])
+		return 1 + first + second, failed
+	case errors.Is(err, codec.ErrRefused):
 		b.log.Warn("sinkbatch: the destination refused a message", slog.Any("error", err))
+		fill(out, err)
+		return 1, nil
 	}
+	fill(out, err)
+	return 1, err
+}
+
+func fill(out []codec.Result, err error) {
 	for i := range out {
 		out[i] = codec.Result{Err: err}
 	}
-	return 1
 }
 
 // send makes one request, turning a panic or a result slice of the wrong
