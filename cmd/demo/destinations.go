@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/sivchari/kumo"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+)
+
+// The destinations' names: each is also its codec's Name(), so the metrics'
+// "sink" attribute, the batcher's logs and the tables all say the same.
+const (
+	destOrders   = "sqs-orders.fifo"
+	destEvents   = "sqs-events"
+	destBurst    = "sqs-burst"
+	destPSOrders = "pubsub-orders"
+	destAudit    = "pubsub-audit"
+)
+
+// The attributes the demo marks its special messages with.
+const (
+	attrTenant = "tenant"
+	attrPoison = "poison" // "true": the embedded Pub/Sub server refuses any request holding it
+)
+
+// destination is one queue or topic the demo sends to, and what its callers
+// saw.
+type destination struct {
+	name  string
+	about string      // what the destination shows, for the table
+	codec codec.Codec // a *named (or *crashOnce) around the real codec
+	// grouped: every message needs a group (a FIFO queue); ordered: the
+	// destination keeps each group's order, so the read back checks it.
+	grouped, ordered bool
+	// readBack returns the idempotency keys the destination holds, in the
+	// order it stored them; nil when it cannot be read back.
+	readBack func(ctx context.Context) ([]string, error)
+	noRead   string // why it is not read back
+
+	refused     atomic.Int64 // RetryAfterError answers the callers got
+	batcherDown atomic.Int64 // ErrBatcherDown answers the callers got
+
+	mu      sync.Mutex
+	records []*record
+}
+
+// named gives a codec the demo's name for its destination: a different Name
+// is a different destination to sinkbatch, with its own batcher.
+type named struct {
+	codec.Codec
+	name string
+}
+
+func (n *named) Name() string { return n.name }
+
+// Validate keeps the codec's admission check, which embedding the Codec
+// interface alone would hide from the batcher.
+func (n *named) Validate(m codec.Message) error {
+	if v, ok := n.Codec.(codec.Validator); ok {
+		return v.Validate(m)
+	}
+	return nil
+}
+
+// crashOnce panics in Size the first time it sees the message with key:
+// Size runs in the batcher's Receive, so the batcher crashes, its supervisor
+// restarts it, and every delivery it held is answered with ErrBatcherDown.
+type crashOnce struct {
+	*named
+	key   string
+	armed atomic.Bool
+}
+
+func (c *crashOnce) Size(m codec.Message) int {
+	if m.IdempotencyKey == c.key && c.armed.CompareAndSwap(true, false) {
+		panic("demo: injected crash in Size for " + m.IdempotencyKey)
+	}
+	return c.named.Size(m)
+}
+
+// servers holds what the demo started and must stop: the embedded servers,
+// HTTP transports and Pub/Sub connections.
+type servers struct {
+	kumo     *kumo.Server
+	pstest   *pstest.Server
+	closers  []func()
+	external []string // lines saying which real services are used
+}
+
+func (s *servers) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+// crashKey and poisonKey are the idempotency keys of the two marked
+// messages.
+const (
+	crashKey  = destEvents + "/a/crash"
+	poisonKey = destAudit + "/a/poison"
+)
+
+// setUp starts the embedded servers (or reaches the services the flags
+// name) and returns the destinations in table order.
+func setUp(ctx context.Context, o options, idleTimeout time.Duration) (*servers, []*destination, error) {
+	s := &servers{}
+	sqsDests, err := setUpSQS(ctx, o, s)
+	if err != nil {
+		s.close()
+		return nil, nil, err
+	}
+	psDests, err := setUpPubSub(ctx, o, s, idleTimeout)
+	if err != nil {
+		s.close()
+		return nil, nil, err
+	}
+	return s, []*destination{sqsDests[0], sqsDests[1], psDests[0], psDests[1], sqsDests[2]}, nil
+}
+
+// setUpSQS returns the orders, events and burst destinations.
+func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error) {
+	// One transport for the codecs, one for the demo's own calls; both
+	// keep enough idle connections for 8 requests in flight per queue.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	adminTr := http.DefaultTransport.(*http.Transport).Clone()
+	s.closers = append(s.closers, tr.CloseIdleConnections, adminTr.CloseIdleConnections)
+
+	var cfg aws.Config
+	external := o.sqsQueueURL != "" || o.sqsEndpoint != ""
+	if external {
+		var err error
+		cfg, err = awsconfig.LoadDefaultConfig(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("AWS config: %w", err)
+		}
+		if cfg.Region == "" {
+			cfg.Region = "us-east-1"
+		}
+		if o.sqsEndpoint != "" {
+			cfg.BaseEndpoint = aws.String(o.sqsEndpoint)
+		}
+	} else {
+		s.kumo = kumo.NewServer() // httptest: listens on 127.0.0.1
+		s.closers = append(s.closers, s.kumo.Close)
+		cfg = aws.Config{
+			Region:       "us-east-1",
+			Credentials:  credentials.NewStaticCredentialsProvider("demo", "demo-secret", ""),
+			BaseEndpoint: aws.String(s.kumo.URL),
+		}
+	}
+	cfg.HTTPClient = &http.Client{Transport: tr}
+	admin := awssqs.NewFromConfig(cfg, func(opt *awssqs.Options) { opt.HTTPClient = &http.Client{Transport: adminTr} })
+
+	specs := []struct {
+		name, queue, about string
+		tuning             codec.Tuning
+	}{
+		{destOrders, "orders.fifo", "FIFO queue, 4 tenants (1 flooding), groups", codec.Tuning{}},
+		{destEvents, "events", "standard queue, 4 tenants; batcher crash", codec.Tuning{}},
+		{destBurst, "burst", "standard queue, QueueMax 64, TenantMax 40; burst", codec.Tuning{
+			QueueMax: 64, TenantMax: 40, MaxInflight: 1, RetryAfterMax: 250 * time.Millisecond,
+		}},
+	}
+	var dests []*destination
+	for _, sp := range specs {
+		url := o.sqsQueueURL
+		if url == "" {
+			var err error
+			if url, err = createQueue(ctx, admin, sp.queue); err != nil {
+				return nil, err
+			}
+		}
+		inner, err := sqs.New(sqs.Config{QueueURL: url, AWS: cfg, Tuning: sp.tuning})
+		if err != nil {
+			return nil, err
+		}
+		fifo := strings.HasSuffix(url, ".fifo")
+		d := &destination{
+			name:    sp.name,
+			about:   sp.about,
+			codec:   &named{Codec: inner, name: sp.name},
+			grouped: fifo,
+			ordered: fifo,
+		}
+		if sp.name == destEvents {
+			c := &crashOnce{named: d.codec.(*named), key: crashKey}
+			c.armed.Store(true)
+			d.codec = c
+		}
+		if o.sqsQueueURL == "" {
+			d.readBack = func(ctx context.Context) ([]string, error) { return drainQueue(ctx, admin, url) }
+		} else {
+			d.noRead = "an existing queue: reading it would consume others' messages"
+		}
+		dests = append(dests, d)
+	}
+	switch {
+	case o.sqsQueueURL != "":
+		s.external = append(s.external, fmt.Sprintf("SQS: every SQS destination sends to %s (not read back)", o.sqsQueueURL))
+	case o.sqsEndpoint != "":
+		s.external = append(s.external, fmt.Sprintf("SQS: queues created at %s", o.sqsEndpoint))
+	}
+	return dests, nil
+}
+
+// createQueue creates a queue named name (a FIFO queue if it ends in .fifo)
+// and returns its URL.
+func createQueue(ctx context.Context, admin *awssqs.Client, name string) (string, error) {
+	attrs := map[string]string{}
+	if strings.HasSuffix(name, ".fifo") {
+		attrs["FifoQueue"] = "true"
+	}
+	// A queue of another run on an external server must not mix in.
+	name = fmt.Sprintf("sinkbatch-demo-%d-%s", time.Now().Unix(), name)
+	out, err := admin.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	if err != nil {
+		return "", fmt.Errorf("create queue %s: %w", name, err)
+	}
+	return aws.ToString(out.QueueUrl), nil
+}
+
+// drainQueue receives and deletes every message the queue holds, in the
+// order the queue hands them out (a FIFO queue: each group's order), and
+// returns their idempotency keys. It stops at the first empty receive: the
+// instance has stopped, nothing more is on its way. The long visibility
+// timeout keeps a message that is received but not yet deleted from being
+// received twice.
+func drainQueue(ctx context.Context, admin *awssqs.Client, url string) ([]string, error) {
+	var keys []string
+	for range 1_000_000 { // bounded: 10 million messages
+		out, err := admin.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl:              aws.String(url),
+			MaxNumberOfMessages:   10,
+			VisibilityTimeout:     600,
+			WaitTimeSeconds:       0,
+			MessageAttributeNames: []string{sqs.DefaultIdempotencyAttribute},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("receive from %s: %w", url, err)
+		}
+		if len(out.Messages) == 0 {
+			return keys, nil
+		}
+		del := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+		for i, m := range out.Messages {
+			key := ""
+			if v, ok := m.MessageAttributes[sqs.DefaultIdempotencyAttribute]; ok {
+				key = aws.ToString(v.StringValue)
+			}
+			keys = append(keys, key)
+			del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), ReceiptHandle: m.ReceiptHandle}
+		}
+		// Deleting lets a FIFO queue hand out the group's next messages.
+		if _, err := admin.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: del}); err != nil {
+			return nil, fmt.Errorf("delete from %s: %w", url, err)
+		}
+	}
+	return nil, errors.New("read back: queue never emptied")
+}
+
+// poisonReactor makes the embedded Pub/Sub server refuse, with
+// InvalidArgument, any Publish that holds a message marked poison. It runs
+// under the server's lock and so never calls back into the server.
+type poisonReactor struct{ refused atomic.Int64 }
+
+func (p *poisonReactor) React(req any) (bool, any, error) {
+	for _, m := range req.(*pubsubpb.PublishRequest).GetMessages() {
+		if m.GetAttributes()[attrPoison] == "true" {
+			p.refused.Add(1)
+			return true, nil, status.Error(codes.InvalidArgument, "demo: this request holds the poison message")
+		}
+	}
+	return false, nil, nil
+}
+
+// setUpPubSub returns the pubsub-orders and pubsub-audit destinations.
+func setUpPubSub(ctx context.Context, o options, s *servers, idleTimeout time.Duration) ([]*destination, error) {
+	specs := []struct {
+		name, topic, about string
+		ordered            bool
+		tuning             codec.Tuning
+	}{
+		{destPSOrders, "orders", "topic, ordering keys", true, codec.Tuning{}},
+		{destAudit, "audit", fmt.Sprintf("topic; poison message; IdleTimeout %v, a pause", idleTimeout), false,
+			codec.Tuning{IdleTimeout: idleTimeout, MaxEntries: 100}},
+	}
+	var dests []*destination
+	for _, sp := range specs {
+		cfg := pubsub.Config{Topic: o.pubsubTopic, Endpoint: o.pubsubEndpoint, Tuning: sp.tuning}
+		d := &destination{name: sp.name, about: sp.about, ordered: sp.ordered}
+		if o.pubsubTopic == "" {
+			if s.pstest == nil {
+				// NewServer would listen on "localhost", which may be ::1.
+				s.pstest = pstest.NewServerWithAddress("127.0.0.1:0",
+					pstest.ServerReactorOption{FuncName: "Publish", Reactor: &poisonReactor{}})
+				srv := s.pstest
+				s.closers = append(s.closers, func() { _ = srv.Close() })
+			}
+			cfg.Topic = "projects/sinkbatch-demo/topics/" + sp.topic
+			cfg.Endpoint, cfg.Insecure = s.pstest.Addr, true
+			if _, err := s.pstest.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: cfg.Topic}); err != nil {
+				return nil, fmt.Errorf("create topic %s: %w", cfg.Topic, err)
+			}
+			srv, topic := s.pstest, cfg.Topic
+			d.readBack = func(context.Context) ([]string, error) {
+				var keys []string
+				for _, m := range srv.Messages() { // in publish order
+					if m.Topic == topic {
+						keys = append(keys, m.Attributes[pubsub.DefaultIdempotencyAttribute])
+					}
+				}
+				return keys, nil
+			}
+		} else {
+			cfg.Insecure = cfg.Endpoint != "" && (os.Getenv("PUBSUB_EMULATOR_HOST") != "" || isLoopback(cfg.Endpoint))
+			d.noRead = "an existing topic: reading it needs a subscription made before publishing"
+		}
+		inner, err := pubsub.New(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { _ = inner.Close() })
+		d.codec = &named{Codec: inner, name: sp.name}
+		dests = append(dests, d)
+	}
+	if o.pubsubTopic != "" {
+		ep := o.pubsubEndpoint
+		if ep == "" {
+			ep = os.Getenv("PUBSUB_EMULATOR_HOST")
+		}
+		if ep == "" {
+			ep = "the service"
+		}
+		s.external = append(s.external, fmt.Sprintf("Pub/Sub: every Pub/Sub destination publishes to %s at %s (not read back; no poison: only the embedded server refuses it)", o.pubsubTopic, ep))
+	}
+	return dests, nil
+}
+
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors"
+)
+
+// stopTimeout bounds Instance.Stop at the end of the run.
+const stopTimeout = 10 * time.Second
+
+// run is the demo: it returns the process's exit code. stdout gets the
+// report; stderr the progress lines and logs.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	stderr = &lockedWriter{w: stderr} // the logger and the progress share it
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintln(stderr, "demo: -log-level:", err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	fail := func(err error) int {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 1
+	}
+
+	met, err := newMetrics(o.metricsAddr)
+	if err != nil {
+		return fail(err)
+	}
+	defer met.close()
+
+	p := newPlan(o)
+	setupCtx, cancelSetup := context.WithTimeout(ctx, 30*time.Second)
+	srvs, dests, err := setUp(setupCtx, o, p.idleTimeout)
+	cancelSetup()
+	if err != nil {
+		return fail(err)
+	}
+	defer srvs.close()
+
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
+	defer system.Shutdown()
+	inst, err := actors.Start(system, actors.Config{Name: "demo", Logger: logger, MeterProvider: met.provider})
+	if err != nil {
+		return fail(err)
+	}
+	if err := met.serve(stderr); err != nil {
+		stopInstance(inst)
+		return fail(err)
+	}
+
+	fmt.Fprintf(stdout, "sinkbatch demo: %v of mixed load at %d destinations\n", o.duration, len(dests))
+	if srvs.kumo != nil {
+		fmt.Fprintf(stdout, "  SQS: kumo at %s\n", srvs.kumo.URL)
+	}
+	if srvs.pstest != nil {
+		fmt.Fprintf(stdout, "  Pub/Sub: pstest at %s\n", srvs.pstest.Addr)
+	}
+	for _, line := range srvs.external {
+		fmt.Fprintf(stdout, "  %s\n", line)
+	}
+	fmt.Fprintf(stdout, "  poison at %v, burst of %d at %v, crash at %v, %s paused %v-%v\n",
+		p.poison.Round(time.Millisecond), p.burstSize, p.burst.Round(time.Millisecond), p.crash.Round(time.Millisecond),
+		destAudit, p.pauseFrom.Round(time.Millisecond), p.pauseUntil.Round(time.Millisecond))
+
+	// The load runs for the duration; then its callers get grace to finish
+	// their retries before they give up.
+	hard, cancelHard := context.WithCancel(context.Background())
+	defer cancelHard()
+	l := &load{inst: inst, hard: hard, dests: map[string]*destination{}, special: map[string]*record{}}
+	for _, d := range dests {
+		l.dests[d.name] = d
+	}
+	start := time.Now()
+	mon := startMonitor(inst, l, stderr, start)
+	loadCtx, cancelLoad := context.WithTimeout(ctx, o.duration)
+	l.start(loadCtx, p, o.load, srvs.pstest != nil)
+	<-loadCtx.Done()
+	cancelLoad()
+	giveUp := time.AfterFunc(grace, cancelHard)
+	l.wg.Wait()
+	giveUp.Stop()
+	samples := mon.stop()
+	elapsed := time.Since(start)
+
+	// Stop: everything has been answered already, so this is quick; its
+	// outcome is part of the report.
+	t0 := time.Now()
+	stopErr := stopInstance(inst)
+	stopTook := time.Since(t0)
+
+	readCtx, cancelRead := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancelRead()
+	stats, err := met.collect(readCtx)
+	if err != nil {
+		return fail(err)
+	}
+	rep := report{
+		dests: dests, stats: stats, load: l, plan: p, samples: samples, elapsed: elapsed,
+		stopErr: stopErr, stopTook: stopTook,
+	}
+	ok := rep.print(readCtx, stdout)
+	if !ok {
+		return 1
+	}
+	return 0
+}
+
+// stopInstance stops inst within stopTimeout.
+func stopInstance(inst *actors.Instance) error {
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	return inst.Stop(ctx)
+}
+
+// lockedWriter serializes writes from the logger and the progress lines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(p)
+}
+
+// sample is the instance's batcher count at one moment of the run.
+type sample struct {
+	at       time.Duration
+	batchers int
+}
+
+// monitor prints a progress line each second and samples the batcher count
+// ten times a second, so that the idle stop shows in the report.
+type monitor struct {
+	done    chan struct{}
+	stopped chan []sample
+}
+
+func startMonitor(inst *actors.Instance, l *load, w io.Writer, start time.Time) *monitor {
+	m := &monitor{done: make(chan struct{}), stopped: make(chan []sample, 1)}
+	go func() {
+		var samples []sample
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		last, lastAt := int64(0), start
+		for n := 1; ; n++ {
+			select {
+			case <-m.done:
+				m.stopped <- samples
+				return
+			case now := <-tick.C:
+				s := inst.Stats()
+				samples = append(samples, sample{at: now.Sub(start), batchers: s.Batchers})
+				if n%10 != 0 {
+					continue
+				}
+				delivered := l.delivered.Load()
+				rate := float64(delivered-last) / now.Sub(lastAt).Seconds()
+				last, lastAt = delivered, now
+				fmt.Fprintf(w, "%5.0fs  delivered %6.0f/s  queued %5d  in flight %3d  refused %5d  batchers %d  batcher-down %d  retries %d\n",
+					now.Sub(start).Seconds(), rate, s.Queued, s.InFlight, l.refused.Load(), s.Batchers, l.batcherDown.Load(), l.retries.Load())
+			}
+		}
+	}()
+	return m
+}
+
+func (m *monitor) stop() []sample {
+	close(m.done)
+	return <-m.stopped
+}
