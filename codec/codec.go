@@ -41,6 +41,11 @@ type Result struct {
 type Limits struct {
 	MaxEntries int // messages in one request
 	MaxBytes   int // the sum of the messages' Size in one request
+	// OneGroupPerRequest says every message of one request must carry the
+	// same Group, "" included (Pub/Sub: one ordering key per Publish). The
+	// batcher then builds each batch from one group, or from ungrouped
+	// entries only.
+	OneGroupPerRequest bool
 }
 
 // Tuning is a destination's batch tuning. A zero field takes its default; a

@@ -156,7 +156,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.self = ctx.Self()
 	b.log = b.p.Logger
 	b.validator, _ = b.p.Codec.(codec.Validator)
-	b.q = newQueue(settingsOf(b.p.Tuning))
+	b.q = newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	b.p.epochs++
 	b.epoch = b.p.epochs
 	b.running = make(map[*inflight]struct{})

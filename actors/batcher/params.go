@@ -26,9 +26,11 @@ type Counters struct {
 // that tells a stale request result from a fresh one) lives here rather than
 // in the actor.
 type Params struct {
-	Name           string // the destination's name: the actor's name, in logs
-	Codec          codec.Codec
-	Tuning         codec.Tuning // resolved by Resolve: no zero field
+	Name   string // the destination's name: the actor's name, in logs
+	Codec  codec.Codec
+	Tuning codec.Tuning // resolved by Resolve: no zero field
+	// OneGroup is Limits().OneGroupPerRequest: each batch holds one group.
+	OneGroup       bool
 	DefaultTimeout time.Duration
 	Logger         *slog.Logger
 	Recorder       telemetry.SinkRecorder
@@ -107,8 +109,9 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	return t, nil
 }
 
-func settingsOf(t codec.Tuning) settings {
+func settingsOf(t codec.Tuning, oneGroup bool) settings {
 	return settings{
+		oneGroup:      oneGroup,
 		maxEntries:    t.MaxEntries,
 		maxBytes:      t.MaxBytes,
 		maxInflight:   t.MaxInflight,

@@ -66,6 +66,7 @@ type settings struct {
 	queueMax      int
 	queueMaxBytes int64
 	tenantMax     int
+	oneGroup      bool // a batch holds one group's entries, or ungrouped ones only
 }
 
 // queue is the batching rules of one destination. Not safe for concurrent
@@ -75,6 +76,7 @@ type queue struct {
 	tenants map[string]*tenant
 	groups  map[string]*lane
 	ring    *tenant // the tenant whose turn is next; nil when nothing is sendable
+	ringLen int     // tenants in the ring
 
 	queued      int   // live entries, sendable or gated
 	queuedBytes int64 // their sizes
@@ -185,6 +187,9 @@ func (q *queue) wake() int64 {
 // gated until complete is called with them. A non-empty batch counts as a
 // request in flight.
 func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
+	if q.s.oneGroup {
+		return q.takeOneGroup(now, alive)
+	}
 	bytes := 0
 	for len(batch) < q.s.maxEntries && q.ring != nil {
 		t := q.ring
@@ -216,6 +221,92 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 	for _, l := range groups {
 		l.inBatch = false
 		q.gate(l)
+	}
+	if len(batch) > 0 {
+		q.inflight++
+		q.lingerFrom = now
+	}
+	return batch, groups, dropped
+}
+
+// takeOneGroup is take for destinations whose requests hold one group: the
+// tenant whose turn it is decides the batch's group by its next lane. A group
+// lane fills the batch in its own order; ungrouped entries are taken
+// round-robin across the tenants' ungrouped lanes, passing over tenants that
+// have none ready (at most one lap without taking anything).
+func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
+	for q.ring != nil { // drop abandoned heads until one decides the group
+		l := q.ring.lanes
+		e := l.entries[l.head]
+		if e.deadline > now && alive(e) {
+			break
+		}
+		q.remove(e)
+		dropped = append(dropped, e)
+	}
+	if q.ring == nil {
+		return nil, nil, dropped
+	}
+	bytes := 0
+	t := q.ring
+	if l := t.lanes; l.grouped {
+		l.inBatch = true
+		for len(batch) < q.s.maxEntries && l.live > 0 {
+			e := l.entries[l.head]
+			if e.deadline <= now || !alive(e) {
+				q.remove(e)
+				dropped = append(dropped, e)
+				continue
+			}
+			if bytes+e.size > q.s.maxBytes {
+				break
+			}
+			q.pop(l)
+			batch = append(batch, e)
+			bytes += e.size
+		}
+		// The turn passes on, to t's next lane and the next tenant.
+		if l.owner == t {
+			t.lanes = l.next
+		}
+		if t.inRing {
+			q.ring = t.next
+		}
+		l.inBatch = false
+		if len(batch) == 0 { // every entry was abandoned: nothing to gate
+			q.settle(l)
+		} else {
+			q.gate(l)
+			groups = []*lane{l}
+		}
+	} else {
+		for misses := 0; len(batch) < q.s.maxEntries && q.ring != nil && misses < q.ringLen; {
+			t := q.ring
+			p := &t.plain
+			if p.owner != t {
+				q.ring = t.next
+				misses++
+				continue
+			}
+			e := p.entries[p.head]
+			if e.deadline <= now || !alive(e) {
+				q.remove(e)
+				dropped = append(dropped, e)
+				continue
+			}
+			if bytes+e.size > q.s.maxBytes {
+				break
+			}
+			q.pop(p)
+			batch = append(batch, e)
+			bytes += e.size
+			misses = 0
+			if t.lanes == p {
+				t.lanes = p.next
+			}
+			q.ring = t.next
+			q.settle(p)
+		}
 	}
 	if len(batch) > 0 {
 		q.inflight++
@@ -368,6 +459,7 @@ func (q *queue) link(l *lane, t *tenant) {
 		return
 	}
 	t.inRing = true
+	q.ringLen++
 	if q.ring == nil {
 		t.next, t.prev = t, t
 		q.ring = t
@@ -395,6 +487,7 @@ func (q *queue) unlink(l *lane) {
 		return
 	}
 	t.inRing = false
+	q.ringLen--
 	if t.next == t {
 		q.ring = nil
 	} else {

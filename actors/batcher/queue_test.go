@@ -326,3 +326,57 @@ func TestDrainAll(t *testing.T) {
 	assert.Equal(t, 1, q.inflight)
 	checkCounts(t, q)
 }
+
+func TestOneGroupPerRequest(t *testing.T) {
+	s := testSettings()
+	s.oneGroup = true
+	q := newQueue(s)
+	admitAll(t, q,
+		mk("a", "g1", 1, 1), mk("b", "", 1, 1), mk("a", "", 2, 1), mk("b", "g1", 2, 1),
+		mk("c", "g2", 1, 1), mk("a", "g1", 3, 1), mk("c", "", 2, 1))
+	var batches [][]string
+	for q.queued > 0 {
+		batch, groups, _ := q.take(0, everyoneAlive)
+		require.NotEmpty(t, batch)
+		batches = append(batches, refs(batch))
+		group := batch[0].deliver.Message.Group
+		for _, e := range batch {
+			assert.Equal(t, group, e.deliver.Message.Group, "one group per request")
+		}
+		checkCounts(t, q)
+		q.complete(groups)
+	}
+	assert.Equal(t, [][]string{
+		{"a/g1/1", "b/g1/2", "a/g1/3"}, // a's turn: its first lane is g1, in admission order across tenants
+		{"b//1", "c//2", "a//2"},       // b's turn: ungrouped, round-robin from b over the tenants that have some
+		{"c/g2/1"},                     // c's turn: g2
+	}, batches)
+	assert.Empty(t, q.groups)
+	assert.Empty(t, q.tenants)
+	assert.Zero(t, q.ringLen)
+}
+
+func TestOneGroupPerRequestGatesAndDrops(t *testing.T) {
+	s := testSettings()
+	s.oneGroup = true
+	q := newQueue(s)
+	late := mk("a", "g", 1, 1)
+	late.deadline = 1
+	admitAll(t, q, late, mk("b", "", 1, 1))
+	batch, groups, dropped := q.take(5, everyoneAlive)
+	assert.Equal(t, []string{"b//1"}, refs(batch), "the abandoned head does not decide the group")
+	assert.Equal(t, []string{"a/g/1"}, refs(dropped))
+	q.complete(groups)
+
+	admitAll(t, q, mk("a", "g", 2, 1), mk("a", "g", 3, 1))
+	gone := q.groups["g"].entries[q.groups["g"].head+1]
+	first, groups, _ := q.take(5, func(e *entry) bool { return e != gone })
+	assert.Equal(t, []string{"a/g/2"}, refs(first))
+	admitAll(t, q, mk("a", "g", 4, 1), mk("b", "", 2, 1))
+	second, _, _ := q.take(5, everyoneAlive)
+	assert.Equal(t, []string{"b//2"}, refs(second), "g is gated")
+	q.complete(groups)
+	third, _, _ := q.take(5, everyoneAlive)
+	assert.Equal(t, []string{"a/g/4"}, refs(third))
+	checkCounts(t, q)
+}

@@ -58,6 +58,7 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 		Name:           rt.name,
 		Codec:          rt.codec,
 		Tuning:         rt.tuning,
+		OneGroup:       rt.oneGroup,
 		DefaultTimeout: s.cfg.DefaultTimeout,
 		Logger:         s.log.With(slog.String("sink", rt.codec.Name()), slog.String("destination", rt.name)),
 		Recorder:       s.cfg.Recorder.Sink(rt.codec.Name()),

@@ -23,12 +23,13 @@ const closed = uint64(1) << 63
 // while a delivery is on its way to it (protoactor drops such messages
 // silently).
 type route struct {
-	name    string // the destination's actor name: codec kind and keyed digest
-	codec   codec.Codec
-	tuning  codec.Tuning
-	state   atomic.Uint64
-	target  atomic.Pointer[target]
-	cancels atomic.Uint64 // callers of this destination that gave up early
+	name     string // the destination's actor name: codec kind and keyed digest
+	codec    codec.Codec
+	tuning   codec.Tuning
+	oneGroup bool // Limits().OneGroupPerRequest
+	state    atomic.Uint64
+	target   atomic.Pointer[target]
+	cancels  atomic.Uint64 // callers of this destination that gave up early
 
 	mu      sync.Mutex
 	held    []any // messages waiting for a batcher, in arrival order

@@ -225,13 +225,11 @@ func (s *Supervisor) lookup(c codec.Codec) (*route, error) {
 			return v.(*route), nil
 		}
 	}
-	name, tuning, err := s.destination(c)
+	fresh, err := s.destination(c)
 	if err != nil {
 		return nil, err
 	}
-	fresh := &route{name: name, codec: c, tuning: tuning}
-	fresh.state.Store(closed)
-	v, loaded := s.routes.LoadOrStore(name, fresh)
+	v, loaded := s.routes.LoadOrStore(fresh.name, fresh)
 	rt := v.(*route)
 	if !loaded {
 		s.system.Root.Send(s.parent, &spawn{route: rt})
@@ -247,28 +245,36 @@ func (s *Supervisor) lookup(c codec.Codec) (*route, error) {
 	return rt, nil
 }
 
-// destination checks c and names its destination: the codec kind and a
-// keyed digest of everything that shapes its requests.
-func (s *Supervisor) destination(c codec.Codec) (name string, tuning codec.Tuning, err error) {
+// destination checks c and returns a new, closed route for its destination,
+// named by the codec kind and a keyed digest of everything that shapes its
+// requests.
+func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("sinkbatch: codec %T panicked: %v", c, r)
+			rt, err = nil, fmt.Errorf("sinkbatch: codec %T panicked: %v", c, r)
 		}
 	}()
 	kind := c.Name()
 	if err := checkName("codec Name()", kind); err != nil {
-		return "", codec.Tuning{}, err
+		return nil, err
 	}
-	tuning, err = batcher.Resolve(c, s.cfg.SinkConcurrency)
+	tuning, err := batcher.Resolve(c, s.cfg.SinkConcurrency)
 	if err != nil {
-		return "", codec.Tuning{}, err
+		return nil, err
 	}
 	mac := hmac.New(sha256.New, s.key[:])
 	mac.Write(c.Identity())
 	// The resolved tuning is part of the identity even if the codec forgot
 	// to include it: batchers run with one tuning.
 	fmt.Fprintf(mac, "\x00%+v", tuning)
-	return kind + "-" + hex.EncodeToString(mac.Sum(nil)[:12]), tuning, nil
+	rt = &route{
+		name:     kind + "-" + hex.EncodeToString(mac.Sum(nil)[:12]),
+		codec:    c,
+		tuning:   tuning,
+		oneGroup: c.Limits().OneGroupPerRequest,
+	}
+	rt.state.Store(closed)
+	return rt, nil
 }
 
 // cacheable reports whether c can key the codec cache: pointers hash by

@@ -43,12 +43,14 @@
 // # Ordering keys
 //
 // Pub/Sub requires every message of one PublishRequest to carry the same
-// ordering key ("" included). The batcher may mix groups in a batch, so
-// SendBatch publishes a mixed batch as one request per key, keys in
+// ordering key ("" included). Limits().OneGroupPerRequest says so, and the
+// batcher then builds every batch from one key (or from messages without
+// one), so a batch is one request. SendBatch still accepts a mixed batch, as
+// any caller may send one: it publishes it as one request per key, keys in
 // parallel (at most 16 at a time), each key's messages in order; if a
 // request of a key fails for a reason other than a refusal, the key's later
 // requests of that batch are not sent (they would overtake it) and their
-// messages get a retryable error. A batch of one key is one request.
+// messages get a retryable error.
 //
 // # Errors
 //

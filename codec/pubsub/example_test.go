@@ -46,5 +46,5 @@ func ExampleNew() {
 	// Output:
 	// true customer-7 created order-1
 	// true customer-7 paid order-1/paid
-	// {1000 9999974}
+	// {1000 9999974 true}
 }

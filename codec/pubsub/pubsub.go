@@ -120,6 +120,8 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 	limits := codec.Limits{
 		MaxEntries: MaxRequestMessages,
 		MaxBytes:   MaxRequestBytes - topicOverhead(cfg.Topic),
+		// Every message of one Publish must carry the same ordering key.
+		OneGroupPerRequest: true,
 	}
 	if err := checkTuning(cfg.Tuning, limits); err != nil {
 		return nil, err

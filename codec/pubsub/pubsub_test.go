@@ -64,7 +64,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		c, err := pubsub.New(context.Background(), cfg)
 		require.NoError(t, err)
 		require.NoError(t, c.Close())
-		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21}, c.Limits(),
+		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21, OneGroupPerRequest: true}, c.Limits(),
 			"limits less the topic field: tag, length, 19 bytes")
 	})
 }
