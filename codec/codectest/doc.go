@@ -19,8 +19,9 @@
 // Every message Run sends carries a group, an idempotency key and string
 // attributes, so a harness for a destination that requires them (an SQS FIFO
 // queue) needs no special case. A destination that does not report a field
-// on read back (kumo's SQS does not return a message's group) says so by
-// implementing Unreported; Run then skips that comparison and logs it.
+// on read back (kumo's SQS does not return a message's group), or does not
+// keep order within a group (an SQS standard queue), says so by implementing
+// Unreported; Run then skips that comparison and logs it.
 //
 // The package imports testing and testify: it is meant for _test.go files
 // only.

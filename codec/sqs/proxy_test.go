@@ -157,7 +157,13 @@ func newFaultEnv(t *testing.T, fifo bool) *faultEnv {
 // with a successful result is there, with its body.
 func (f *faultEnv) acknowledgedAreStored(t *testing.T, batch []codec.Message, res []codec.Result) []message {
 	t.Helper()
-	got := f.drain(t, f.queue)
+	acked := 0
+	for _, r := range res {
+		if r.Err == nil {
+			acked++
+		}
+	}
+	got := f.readBack(t, f.queue, acked)
 	byID := map[string]message{}
 	for _, g := range got {
 		byID[g.ID] = g

@@ -134,7 +134,7 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		o.DisableMessageChecksumValidation = true
 	})
 	if err != nil {
-		return nil, c.classify(ctx, err)
+		return nil, c.classify(err)
 	}
 
 	for _, s := range out.Successful {
@@ -259,8 +259,10 @@ func attributesMD5(attrs map[string]types.MessageAttributeValue) string {
 // own retries) into the codec's answer: a refusal of the request's content
 // (wrapping codec.ErrRefused), a permanent failure for every message (an
 // *codec.EntryError with Permanent), or a retryable one (anything else).
-func (c *Codec) classify(ctx context.Context, err error) error {
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+func (c *Codec) classify(err error) error {
+	// A verdict from SQS outranks a context that ended since: only an error
+	// that is the context's own is answered as such.
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
 	}
 	var (

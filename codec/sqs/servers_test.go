@@ -68,7 +68,7 @@ func testReadBack(t *testing.T, e *env, fifo bool) {
 	msgs := batchOf(runName(t), 0, 25, 3)
 	res := sendAll(t, c, msgs)
 
-	got := e.drain(t, q)
+	got := e.readBack(t, q, len(msgs))
 	require.Len(t, got, len(msgs))
 	byID := map[string]message{}
 	for _, g := range got {
@@ -120,7 +120,7 @@ func testDeduplication(t *testing.T, e *env) {
 	for i := range first {
 		assert.Equal(t, first[i].ID, again[i].ID, "a duplicate is answered with the original message id")
 	}
-	got := e.drain(t, q)
+	got := e.readBack(t, q, len(msgs))
 	assert.Len(t, got, len(msgs), "the queue stored a duplicate")
 }
 
@@ -141,7 +141,7 @@ func testContentBased(t *testing.T, e *env) {
 	cbd := e.codec(t, q, codec.Tuning{}, func(c *sqs.Config) { c.ContentBasedDeduplication = true })
 	require.NoError(t, cbd.Validate(m))
 	res := sendAll(t, cbd, []codec.Message{m})
-	got := e.drain(t, q)
+	got := e.readBack(t, q, 1)
 	require.Len(t, got, 1)
 	assert.Equal(t, res[0].ID, got[0].ID)
 	assert.NotEqual(t, strict.Identity(), cbd.Identity())
@@ -200,7 +200,7 @@ func testInvalidNeverSent(t *testing.T, e *env) {
 	require.ErrorAs(t, res[2].Err, &ee)
 	assert.Equal(t, sqs.CodeMissingGroup, ee.Code)
 
-	got := e.drain(t, q)
+	got := e.readBack(t, q, 2)
 	require.Len(t, got, 2)
 	assert.ElementsMatch(t, []string{res[0].ID, res[3].ID}, []string{got[0].ID, got[1].ID})
 }
@@ -235,7 +235,7 @@ func testTooLong(t *testing.T, e *env) {
 	// The halves the batcher would try next go through.
 	sendAll(t, c, b[:2])
 	sendAll(t, c, b[2:])
-	assert.Len(t, e.drain(t, q), 3)
+	assert.Len(t, e.readBack(t, q, 3), 3)
 }
 
 // testTooMany: eleven entries are refused (codec.ErrRefused).
@@ -267,5 +267,5 @@ func testInvalidContents(t *testing.T, e *env) {
 	assert.Equal(t, "InvalidMessageContents", ee.Code)
 	assert.True(t, ee.Permanent)
 	assert.True(t, codec.IsPermanent(res[1].Err))
-	assert.Len(t, e.drain(t, q), 2)
+	assert.Len(t, e.readBack(t, q, 2), 2)
 }
