@@ -73,5 +73,12 @@
 // does the batcher; a caller decides whether to send a failed message again,
 // guided by codec.IsPermanent.
 //
+// Delivery is at least once. When an answer is lost after SQS stored the
+// messages (a reset connection; the SDK also retries a connection it closed
+// itself, see aws-sdk-go-v2 issue 2737), the SDK's retry stores them again:
+// a FIFO queue drops the repeat by its MessageDeduplicationId (within SQS's
+// five-minute window) and answers with the first message ids; on a standard
+// queue the consumer deduplicates by the idempotency attribute.
+//
 // A Codec is safe for concurrent use.
 package sqs

@@ -89,10 +89,10 @@ var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,80}(\.fifo)?$`)
 // New returns a codec for cfg's queue. It checks cfg and returns an error
 // when it is incomplete or out of SQS's limits; it makes no request.
 func New(cfg Config) (*Codec, error) {
-	u, err := url.Parse(cfg.QueueURL)
 	if cfg.QueueURL == "" {
 		return nil, errors.New("sinkbatch/sqs: Config.QueueURL is empty")
 	}
+	u, err := url.Parse(cfg.QueueURL)
 	if err != nil {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.QueueURL %q: %w", cfg.QueueURL, err)
 	}
