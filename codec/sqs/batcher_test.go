@@ -1,13 +1,16 @@
 package sqs_test
 
-// The codec behind the batcher (package actors), on kumo: many concurrent
-// callers, a standard and a FIFO queue, every acknowledged message read back.
+// The codec behind the batcher (package actors), on kumo and fauxqs: many
+// concurrent callers, a standard and a FIFO queue, every acknowledged message
+// read back; a request SQS refuses, bisected down to its poison message.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -75,8 +78,21 @@ func deliverAll(t *testing.T, inst *actors.Instance, c codec.Codec, callers [][]
 	return out
 }
 
-func TestThroughBatcherStandard(t *testing.T) {
-	e := newKumo(t)
+func TestThroughBatcher(t *testing.T) {
+	for _, srv := range []struct {
+		name string
+		mk   func(*testing.T) *env
+	}{{"kumo", newKumo}, {"fauxqs", newFauxqs}} {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Run("Standard", func(t *testing.T) { testThroughBatcherStandard(t, srv.mk(t)) })
+			t.Run("FIFO", func(t *testing.T) { testThroughBatcherFIFO(t, srv.mk(t)) })
+			t.Run("Invalid", func(t *testing.T) { testThroughBatcherInvalid(t, srv.mk(t)) })
+			t.Run("RefusalBisected", func(t *testing.T) { testThroughBatcherRefusal(t, srv.mk(t)) })
+		})
+	}
+}
+
+func testThroughBatcherStandard(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, false, false)
 	p := newProxy(t, e.endpoint) // counts the requests
@@ -116,8 +132,7 @@ func TestThroughBatcherStandard(t *testing.T) {
 	}
 }
 
-func TestThroughBatcherFIFO(t *testing.T) {
-	e := newKumo(t)
+func testThroughBatcherFIFO(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, true, false)
 	p := newProxy(t, e.endpoint)
@@ -157,10 +172,9 @@ func TestThroughBatcherFIFO(t *testing.T) {
 	assert.Equal(t, want, have, "each group arrives in the order its caller was answered")
 }
 
-// TestThroughBatcherInvalid: a message the queue can never take is answered
+// testThroughBatcherInvalid: a message the queue can never take is answered
 // at once with a permanent error, and its neighbours go through.
-func TestThroughBatcherInvalid(t *testing.T) {
-	e := newKumo(t)
+func testThroughBatcherInvalid(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, true, false)
 	c := e.codec(t, q, codec.Tuning{})
@@ -183,4 +197,68 @@ func TestThroughBatcherInvalid(t *testing.T) {
 	got := e.readBack(t, q, 2)
 	require.Len(t, got, 2)
 	assert.Equal(t, ids, []string{got[0].ID, got[1].ID})
+}
+
+// testThroughBatcherRefusal: the proxy refuses, as SQS would refuse a
+// request past its limits, every request that holds the poison message.
+// The codec answers codec.ErrRefused, the batcher bisects, the poison alone
+// is answered with a permanent refusal and every other message is stored.
+func testThroughBatcherRefusal(t *testing.T, e *env) {
+	inst := startInstance(t)
+	q := e.createQueue(t, false, false)
+	p := newProxy(t, e.endpoint)
+	p.set(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+		raw, err := io.ReadAll(r.Body)
+		if err != nil {
+			panic(err)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		r.ContentLength = int64(len(raw))
+		if !bytes.Contains(raw, []byte("poison")) {
+			return false
+		}
+		awsError(w, http.StatusBadRequest, "BatchRequestTooLong", "injected for the poison message")
+		return true
+	}, nil)
+	c := e.codec(t, q, codec.Tuning{Linger: 20 * time.Millisecond}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.url) })
+
+	const n = 30
+	msgs := batchOf(runName(t), 0, n, 1)
+	poison := 17
+	msgs[poison].Body = []byte("the poison message")
+	for i := range msgs {
+		msgs[i].Group = ""
+	}
+	type answer struct {
+		id  string
+		err error
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() {
+			id, err := inst.Deliver(ctx(t), c, m)
+			answers[i] = answer{id, err}
+		})
+	}
+	wg.Wait()
+
+	var ids []string
+	for i, a := range answers {
+		if i == poison {
+			require.ErrorIs(t, a.err, codec.ErrRefused)
+			assert.True(t, codec.IsPermanent(a.err))
+			assert.Contains(t, a.err.Error(), "BatchRequestTooLong")
+			continue
+		}
+		require.NoError(t, a.err, "message %d", i)
+		ids = append(ids, a.id)
+	}
+	t.Logf("%d requests for %d messages and one poison", p.calls.Load(), n-1)
+	got := e.readBack(t, q, n-1)
+	have := make([]string, len(got))
+	for i, g := range got {
+		have[i] = g.ID
+	}
+	assert.Subset(t, have, ids, "every acknowledged message is stored")
 }
