@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -241,4 +242,35 @@ func TestAttributesMD5OnFauxqs(t *testing.T) {
 	require.Len(t, out.Successful, 1)
 	require.NotEmpty(t, aws.ToString(out.Successful[0].MD5OfMessageAttributes), "fauxqs returns MD5OfMessageAttributes")
 	assert.Equal(t, aws.ToString(out.Successful[0].MD5OfMessageAttributes), sqs.AttributesMD5(attrs))
+}
+
+func TestIdentityCredentialsAndClients(t *testing.T) {
+	base := mustNew(t, baseConfig())
+
+	// A cache around static credentials (what config.LoadDefaultConfig
+	// builds) is identified by the credentials' values.
+	cached := baseConfig()
+	cached.AWS.Credentials = aws.NewCredentialsCache(cached.AWS.Credentials)
+	assert.Equal(t, base.Identity(), mustNew(t, cached).Identity())
+	otherSecret := baseConfig()
+	otherSecret.AWS.Credentials = aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "another", ""))
+	assert.NotEqual(t, base.Identity(), mustNew(t, otherSecret).Identity())
+
+	// Other providers cannot be read without a call: they count by
+	// identity.
+	fn := aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) { return aws.Credentials{}, nil })
+	dyn := baseConfig()
+	dyn.AWS.Credentials = fn
+	dynID := mustNew(t, dyn).Identity()
+	assert.Equal(t, dynID, mustNew(t, dyn).Identity())
+	assert.NotEqual(t, base.Identity(), dynID)
+
+	// A ready client: the same client, the same identity; another client
+	// (with its own HTTP client and retryer), another identity.
+	client := awssqs.NewFromConfig(baseConfig().AWS)
+	a := mustNew(t, sqs.Config{QueueURL: testQueue, Client: client})
+	b := mustNew(t, sqs.Config{QueueURL: testQueue, Client: client})
+	assert.Equal(t, a.Identity(), b.Identity())
+	other := mustNew(t, sqs.Config{QueueURL: testQueue, Client: awssqs.NewFromConfig(baseConfig().AWS)})
+	assert.NotEqual(t, a.Identity(), other.Identity())
 }
