@@ -18,7 +18,8 @@
 //
 // Every message Run sends carries a group, an idempotency key and string
 // attributes, so a harness for a destination that requires them (an SQS FIFO
-// queue) needs no special case. A destination that does not report a field
+// queue) needs no special case. A request mixes groups unless the codec's
+// Limits say OneGroupPerRequest, as the batcher would build it. A destination that does not report a field
 // on read back (kumo's SQS does not return a message's group), or does not
 // keep order within a group (an SQS standard queue), says so by implementing
 // Unreported; Run then skips that comparison and logs it.
