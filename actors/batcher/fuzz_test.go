@@ -5,10 +5,10 @@ import (
 	"maps"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -21,18 +21,24 @@ import (
 // disagree or where queue's answer breaks a rule that holds whatever the
 // turn order (fqHarness.checkTake).
 //
-// Input: 7 bytes of settings (see fqDecodeSettings), then operations, each an
-// opcode byte (mod 16) and its arguments:
+// Input: 7 bytes of settings (see fqDecodeSettings), then operations. An
+// operation is one byte, kind in the low 3 bits and its argument v in the
+// high 5, and for admit one more byte:
 //
-//	0-6   admit   tenant+4*group, size, deadline (>= 12: none; else now+1+d)
-//	7-8   take    alive (< 192: everyone; else the next byte is a mask by id%8)
-//	9-10  complete which in-flight request (mod their number)
-//	11    sweep   alive
-//	12-13 advance the clock by 1+n%8
-//	14    toggle draining
-//	15    drainAll when the next byte is 0 mod 4
+//	0-2  admit    tenant v%4, group v/4%4 ("", "", "g", "h"); then a byte:
+//	              size low%16 (mod MaxBytes+1), deadline high<12: now+1+high, else none
+//	3-4  take     alive(v); with MaxInflight requests in flight, the oldest
+//	              completes first, as the driver takes only when due
+//	5    complete in-flight request v (mod their number)
+//	6    sweep    alive(v)
+//	7    v<24: advance the clock by 1+v%8; 24-29: toggle draining; 30-31: drainAll
 //
-// A missing byte reads as 0. At the end every request is completed and the
+// alive(v): v<16 everyone; else not the entries whose id%8 is v%8, nor, for
+// v>=24, (v+4)%8.
+//
+// The encoding is dense because Go's minimizer is quadratic in the input's
+// length: long inputs stall the fuzzer for its whole -fuzzminimizetime. A
+// missing byte reads as 0. At the end every request is completed and the
 // queue drained, after which no tenant or group may be left in its maps.
 func FuzzQueue(f *testing.F) {
 	for _, seed := range fqSeeds() {
@@ -41,7 +47,7 @@ func FuzzQueue(f *testing.F) {
 	f.Fuzz(fqRun)
 }
 
-const fqMaxOps = 400
+const fqMaxOps = 120
 
 var (
 	fqTenants = [4]string{"a", "b", "c", "d"}
@@ -60,41 +66,54 @@ func fqDecodeSettings(r *fqReader) settings {
 	}
 }
 
+// fqAliveMask is which id classes (id%8) of entries still have a caller.
+func fqAliveMask(v byte) uint8 {
+	if v < 16 {
+		return 0xff
+	}
+	mask := ^uint8(1 << (v % 8))
+	if v >= 24 {
+		mask &^= 1 << ((v + 4) % 8)
+	}
+	return mask
+}
+
 func fqRun(t *testing.T, data []byte) {
-	wd := time.AfterFunc(5*time.Second, func() { panic(fmt.Sprintf("WATCHDOG %x", data)) })
-	defer wd.Stop()
 	r := &fqReader{b: data}
 	h := newFQHarness(t, fqDecodeSettings(r))
 	for n := 0; !r.done() && n < fqMaxOps; n++ {
-		switch op := r.next() % 16; {
-		case op <= 6:
-			x := r.next()
-			size := int(r.next()) % (h.q.s.maxBytes + 1)
+		b := r.next()
+		switch kind, v := b&7, b>>3; {
+		case kind <= 2:
+			arg := r.next()
+			size := int(arg&15) % (h.q.s.maxBytes + 1)
 			deadline := int64(math.MaxInt64)
-			if d := r.next() % 16; d < 12 {
+			if d := arg >> 4; d < 12 {
 				deadline = h.now + 1 + int64(d)
 			}
-			h.admit(fqTenants[x%4], fqGroups[x/4%4], size, deadline)
-		case op <= 8:
-			h.take(h.readAlive(r))
-		case op <= 10:
-			if len(h.reqs) > 0 {
-				h.complete(int(r.next()) % len(h.reqs))
+			h.admit(fqTenants[v%4], fqGroups[v/4%4], size, deadline)
+		case kind <= 4:
+			if h.q.inflight >= h.q.s.maxInflight {
+				h.complete(0)
+				h.check()
 			}
-		case op == 11:
-			h.sweep(h.readAlive(r))
-		case op <= 13:
-			d := 1 + int64(r.next()%8)
+			h.take(fqAliveMask(v))
+		case kind == 5:
+			if len(h.reqs) > 0 {
+				h.complete(int(v) % len(h.reqs))
+			}
+		case kind == 6:
+			h.sweep(fqAliveMask(v))
+		case v < 24:
+			d := 1 + int64(v%8)
 			h.now += d
 			h.logf("advance %d -> now %d", d, h.now)
-		case op == 14:
+		case v < 30:
 			h.q.draining = !h.q.draining
 			h.m.draining = h.q.draining
 			h.logf("draining = %v", h.q.draining)
 		default:
-			if r.next()%4 == 0 {
-				h.drainAll()
-			}
+			h.drainAll()
 		}
 		h.check()
 	}
@@ -104,12 +123,12 @@ func fqRun(t *testing.T, data []byte) {
 	}
 	h.drainAll()
 	h.check()
-	if os.Getenv("FQ_TRACE") != "" {
-		t.Log(h.trail())
+	if os.Getenv("FQ_TRACE") != "" { // FQ_TRACE=1 go test -run FuzzQueue -v: the steps of each seed
+		t.Log(fqTrail{h})
 	}
-	require.Empty(t, h.q.tenants, "tenants left after everything completed and drained\n%s", h.trail())
-	require.Empty(t, h.q.groups, "groups left after everything completed and drained\n%s", h.trail())
-	require.Nil(t, h.q.ring, "ring left after everything completed and drained\n%s", h.trail())
+	require.Empty(t, h.q.tenants, "tenants left after everything completed and drained\n%s", fqTrail{h})
+	require.Empty(t, h.q.groups, "groups left after everything completed and drained\n%s", fqTrail{h})
+	require.Nil(t, h.q.ring, "ring left after everything completed and drained\n%s", fqTrail{h})
 }
 
 // fqReader hands out the input a byte at a time, then zeros.
@@ -157,6 +176,11 @@ func (h *fqHarness) logf(format string, args ...any) {
 	h.ops = append(h.ops, fmt.Sprintf(format, args...))
 }
 
+// fqTrail prints the steps so far only when a failure message is built.
+type fqTrail struct{ h *fqHarness }
+
+func (tr fqTrail) String() string { return tr.h.trail() }
+
 func (h *fqHarness) trail() string {
 	var b strings.Builder
 	b.WriteString("steps:\n")
@@ -166,18 +190,26 @@ func (h *fqHarness) trail() string {
 	return b.String()
 }
 
+// same fails with testify's diff when want and got differ. It checks with
+// reflect.DeepEqual first: require.Equal's t.Helper costs more than the
+// whole step.
+func (h *fqHarness) same(want, got any, what string) {
+	if !reflect.DeepEqual(want, got) {
+		require.Equal(h.t, want, got, "%s\n%s", what, fqTrail{h})
+	}
+}
+
+// sameSet is same for names in any order.
+func (h *fqHarness) sameSet(want, got []string, what string) {
+	if !slices.Equal(slices.Sorted(slices.Values(want)), slices.Sorted(slices.Values(got))) {
+		require.ElementsMatch(h.t, want, got, "%s\n%s", what, fqTrail{h})
+	}
+}
+
 // fatalf stops the run with the steps so far.
 func (h *fqHarness) fatalf(format string, args ...any) {
 	h.t.Helper()
-	h.t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), h.trail())
-}
-
-// readAlive decodes which entries' callers are still waiting.
-func (h *fqHarness) readAlive(r *fqReader) (mask uint8) {
-	if a := r.next(); a >= 192 {
-		return r.next()
-	}
-	return 0xff
+	h.t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), fqTrail{h})
 }
 
 func (h *fqHarness) aliveFuncs(mask uint8) (func(*entry) bool, func(*refEntry) bool) {
@@ -193,7 +225,7 @@ func (h *fqHarness) admit(tenant, group string, size int, deadline int64) {
 		size:     size,
 		deadline: deadline,
 	}
-	re := &refEntry{id: h.ids, name: name, tenant: tenant, group: group, size: size, deadline: deadline, q: e}
+	re := &refEntry{id: h.ids, name: name, tenant: tenant, group: group, size: size, deadline: deadline}
 	h.twin[e] = re
 	dl := "none"
 	if deadline != math.MaxInt64 {
@@ -215,9 +247,6 @@ func fqReason(r messages.FullReason, ok bool) string {
 }
 
 func (h *fqHarness) take(mask uint8) {
-	if h.q.inflight >= h.q.s.maxInflight {
-		return // the driver takes only when due, which needs room in flight
-	}
 	qAlive, mAlive := h.aliveFuncs(mask)
 	pre := h.snapshot()
 	qBatch, qGroups, qDropped := h.q.take(h.now, qAlive)
@@ -225,8 +254,8 @@ func (h *fqHarness) take(mask uint8) {
 	batch, dropped := h.refs(qBatch), h.refs(qDropped)
 	h.logf("take at %d alive %08b -> %v dropped %v", h.now, mask, refNames(batch), refNames(dropped))
 
-	require.Equal(h.t, refNames(mBatch), refNames(batch), "take: the batch (model, queue)\n%s", h.trail())
-	require.ElementsMatch(h.t, refNames(mDropped), refNames(dropped), "take: the dropped entries (model, queue)\n%s", h.trail())
+	h.same(refNames(mBatch), refNames(batch), "take: the batch (model, queue)")
+	h.sameSet(refNames(mDropped), refNames(dropped), "take: the dropped entries (model, queue)")
 	gotGroups := []string{}
 	for _, l := range qGroups {
 		gotGroups = append(gotGroups, "g:"+l.group)
@@ -235,7 +264,7 @@ func (h *fqHarness) take(mask uint8) {
 	for _, l := range mGroups {
 		wantGroups = append(wantGroups, l.key)
 	}
-	require.Equal(h.t, wantGroups, gotGroups, "take: the groups gated (model, queue)\n%s", h.trail())
+	h.same(wantGroups, gotGroups, "take: the groups gated (model, queue)")
 	h.checkTake(pre, batch, dropped, mAlive)
 	if len(qBatch) > 0 {
 		h.reqs = append(h.reqs, fqRequest{q: qGroups, m: mGroups, names: refNames(batch)})
@@ -253,13 +282,15 @@ func (h *fqHarness) complete(i int) {
 func (h *fqHarness) sweep(mask uint8) {
 	qAlive, mAlive := h.aliveFuncs(mask)
 	if why := fqSweepHitsNilEntry(h.q, h.now, qAlive); why != "" {
-		h.logf("sweep at %d alive %08b", h.now, mask)
-		h.t.Skipf("known queue.go bug (TestSweepAfterMidLaneRemoval): %s\n%s", why, h.trail())
+		// Remove this guard once queue.go is fixed; until then the run goes
+		// on without the sweep rather than stopping where the bug is.
+		h.logf("sweep at %d alive %08b not run: known bug (TestSweepAfterMidLaneRemoval): %s", h.now, mask, why)
+		return
 	}
 	dropped := h.refs(h.q.sweep(h.now, qAlive))
 	want := h.m.sweep(h.now, mAlive)
 	h.logf("sweep at %d alive %08b -> dropped %v", h.now, mask, refNames(dropped))
-	require.ElementsMatch(h.t, refNames(want), refNames(dropped), "sweep: the dropped entries (model, queue)\n%s", h.trail())
+	h.sameSet(refNames(want), refNames(dropped), "sweep: the dropped entries (model, queue)")
 	if err := h.m.adoptOrder(h.queueTurns()); err != nil {
 		h.fatalf("sweep: %v", err)
 	}
@@ -267,14 +298,14 @@ func (h *fqHarness) sweep(mask uint8) {
 	for _, e := range h.liveEntries() {
 		least = min(least, e.deadline)
 	}
-	require.Equal(h.t, least, h.q.minDeadline, "sweep: minDeadline is the earliest deadline left\n%s", h.trail())
+	h.same(least, h.q.minDeadline, "sweep: minDeadline is the earliest deadline left")
 }
 
 func (h *fqHarness) drainAll() {
 	all := h.refs(h.q.drainAll())
 	want := h.m.drainAll()
 	h.logf("drainAll -> %v", refNames(all))
-	require.ElementsMatch(h.t, refNames(want), refNames(all), "drainAll: the entries (model, queue)\n%s", h.trail())
+	h.sameSet(refNames(want), refNames(all), "drainAll: the entries (model, queue)")
 }
 
 func (h *fqHarness) refs(es []*entry) []*refEntry {
@@ -305,11 +336,10 @@ type fqLaneView struct {
 // check compares everything observable after a step, and queue's internal
 // bookkeeping with what it should be.
 func (h *fqHarness) check() {
-	h.t.Helper()
-	t, q, m := h.t, h.q, h.m
+	q, m := h.q, h.m
 	tot, perTenant := m.totals()
 	got := refTotals{Queued: q.queued, QueuedBytes: q.queuedBytes, Ready: q.ready, ReadyBytes: q.readyBytes, Inflight: q.inflight}
-	require.Equal(t, tot, got, "counts (model, queue)\n%s", h.trail())
+	h.same(tot, got, "counts (model, queue)")
 
 	gotTenants := map[string]int{}
 	for name, tn := range q.tenants {
@@ -318,14 +348,14 @@ func (h *fqHarness) check() {
 			h.fatalf("q.tenants[%q] is tenant %q", name, tn.name)
 		}
 	}
-	require.Equal(t, perTenant, gotTenants, "per-tenant counts; a tenant with none must not be kept (model, queue)\n%s", h.trail())
+	h.same(perTenant, gotTenants, "per-tenant counts; a tenant with none must not be kept (model, queue)")
 
 	wantLanes := map[string]fqLaneView{}
 	for key, l := range m.lanes {
 		wantLanes[key] = fqLaneView{refNames(l.entries), l.gated}
 	}
-	require.Equal(t, wantLanes, h.queueLanes(), "lanes; an idle group must not be kept (model, queue)\n%s", h.trail())
-	require.Equal(t, m.turnOrder(), h.queueTurns(), "turn order (model, queue)\n%s", h.trail())
+	h.same(wantLanes, h.queueLanes(), "lanes; an idle group must not be kept (model, queue)")
+	h.same(m.turnOrder(), h.queueTurns(), "turn order (model, queue)")
 
 	for _, e := range h.liveEntries() {
 		if q.minDeadline > e.deadline {
@@ -347,7 +377,7 @@ func (h *fqHarness) check() {
 	if wantWake == math.MaxInt64 {
 		wantWake = 0
 	}
-	require.Equal(t, wantWake, q.wake(), "wake (model, queue)\n%s", h.trail())
+	h.same(wantWake, q.wake(), "wake (model, queue)")
 }
 
 // queueLanes reads every lane queue keeps, checking its bookkeeping.
@@ -615,6 +645,33 @@ func fqSweepHitsNilEntry(q *queue, now int64, alive func(*entry) bool) string {
 	return ""
 }
 
+// TestTurnsFollowLaneOwnership pins down what round-robin means when a
+// group's entries belong to several tenants: a group's lane is in the turns
+// of the tenant owning its oldest entry, so a tenant whose entries wait behind
+// another's in a group has no turn until they reach the head. Counting
+// entries per batch is therefore not a fairness measure: here a gets three
+// and b one although b still has an entry at the end. What does hold, and
+// FuzzQueue checks (checkTurns), is that no tenant gets two turns while
+// another owns a lane and waits.
+func TestTurnsFollowLaneOwnership(t *testing.T) {
+	q := newQueue(settings{maxEntries: 4, maxBytes: 10, maxInflight: 1, linger: 1, queueMax: 10, queueMaxBytes: 100, tenantMax: 10})
+	far := int64(math.MaxInt64)
+	for _, e := range []*entry{
+		fqEntry("a", "", 1, far), fqEntry("a", "", 2, far), fqEntry("a", "", 3, far),
+		fqEntry("b", "g", 4, far), fqEntry("a", "g", 5, far), fqEntry("b", "g", 6, far),
+	} {
+		_, ok := q.admit(e, 0)
+		require.True(t, ok)
+	}
+	batch, _, _ := q.take(0, func(*entry) bool { return true })
+	// b/g/4 hands g to a, so b has no turn until a/g/5 hands it back.
+	got := []any{}
+	for _, e := range batch {
+		got = append(got, e.deliver.Ref)
+	}
+	require.Equal(t, []any{"a//1", "b/g/4", "a//2", "a/g/5"}, got)
+}
+
 // TestSweepAfterMidLaneRemoval is the smallest input on which queue.sweep
 // panics. Sweep removes b, abandoned behind the live head a, and leaves it in
 // the lane marked dead. When a later sweep removes a, settle advances the
@@ -660,21 +717,24 @@ func fqProgram(maxEntries, maxBytes, maxInflight, linger, queueMax, queueMaxByte
 	return b
 }
 
-// fqAdmit: tenant "a".."d"; group "", "g" or "h"; deadline in 0..11 is
-// now+1+deadline, fqNoDeadline is none.
+// fqAdmit: tenant "a".."d"; group "", "g" or "h"; size 0..15; deadline in
+// 0..11 is now+1+deadline, fqNoDeadline is none.
 func fqAdmit(tenant, group string, size, deadline int) fqOp {
 	g := map[string]int{"": 0, "g": 2, "h": 3}[group]
-	return fqOp{0, byte(int(tenant[0]-'a') + 4*g), byte(size), byte(deadline)}
+	return fqOp{byte(int(tenant[0]-'a')+4*g) << 3, byte(deadline<<4 | size)}
 }
 
-func fqTake() fqOp                { return fqOp{7, 0} }
-func fqTakeAlive(mask byte) fqOp  { return fqOp{7, 192, mask} }
-func fqComplete(i int) fqOp       { return fqOp{9, byte(i)} }
-func fqSweep() fqOp               { return fqOp{11, 0} }
-func fqSweepAlive(mask byte) fqOp { return fqOp{11, 192, mask} }
-func fqAdvance(d int) fqOp        { return fqOp{12, byte(d - 1)} }
-func fqToggleDrain() fqOp         { return fqOp{14} }
-func fqDrainAll() fqOp            { return fqOp{15, 0} }
+// fqEveryone and fqNotClass are arguments of fqTake and fqSweep.
+const fqEveryone = 0
+
+func fqNotClass(idMod8 int) byte { return byte(16 + idMod8) }
+
+func fqTake(alive byte) fqOp  { return fqOp{alive<<3 | 3} }
+func fqComplete(i int) fqOp   { return fqOp{byte(i)<<3 | 5} }
+func fqSweep(alive byte) fqOp { return fqOp{alive<<3 | 6} }
+func fqAdvance(d int) fqOp    { return fqOp{byte(d-1)<<3 | 7} }
+func fqToggleDrain() fqOp     { return fqOp{24<<3 | 7} }
+func fqDrainAll() fqOp        { return fqOp{30<<3 | 7} }
 
 func fqSeeds() [][]byte {
 	far := fqNoDeadline
@@ -683,41 +743,51 @@ func fqSeeds() [][]byte {
 		fqProgram(4, 16, 2, 5, 16, 64, 8,
 			fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far),
 			fqAdmit("b", "", 1, far), fqAdmit("b", "", 1, far), fqAdmit("c", "", 1, far),
-			fqTake(), fqTake(), fqComplete(0), fqComplete(0)),
+			fqTake(fqEveryone), fqTake(fqEveryone), fqComplete(0), fqComplete(0)),
 		// A group shared by tenants keeps its order and is gated while in flight.
 		fqProgram(4, 16, 3, 5, 16, 64, 8,
 			fqAdmit("a", "g", 1, far), fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("b", "", 1, far),
-			fqTake(), fqAdmit("a", "g", 1, far), fqAdmit("c", "", 1, far), fqTake(), fqTake(),
-			fqComplete(1), fqComplete(0), fqTake()),
+			fqTake(fqEveryone), fqAdmit("a", "g", 1, far), fqAdmit("c", "", 1, far), fqTake(fqEveryone), fqTake(fqEveryone),
+			fqComplete(1), fqComplete(0), fqTake(fqEveryone)),
 		// Ownership of a group moves between tenants within one batch.
 		fqProgram(6, 16, 1, 5, 16, 64, 8,
 			fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far), fqAdmit("a", "", 1, far),
 			fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far),
-			fqTake(), fqComplete(0), fqTake()),
+			fqTake(fqEveryone), fqComplete(0), fqTake(fqEveryone)),
 		// Batches stop before MaxBytes.
 		fqProgram(6, 10, 3, 5, 16, 64, 8,
 			fqAdmit("a", "", 4, far), fqAdmit("a", "", 4, far), fqAdmit("b", "", 4, far), fqAdmit("c", "h", 0, far),
-			fqTake(), fqTake(), fqTake()),
+			fqTake(fqEveryone), fqTake(fqEveryone), fqTake(fqEveryone)),
 		// Each admission bound refuses.
 		fqProgram(4, 16, 1, 5, 3, 20, 2,
 			fqAdmit("a", "", 9, far), fqAdmit("a", "g", 9, far), fqAdmit("a", "", 1, far), fqAdmit("b", "", 5, far),
-			fqAdmit("b", "", 1, far), fqAdmit("c", "", 1, far), fqTake(), fqAdmit("c", "", 1, far)),
+			fqAdmit("b", "", 1, far), fqAdmit("c", "", 1, far), fqTake(fqEveryone), fqAdmit("c", "", 1, far)),
 		// Linger, draining and a full pipeline decide when a batch is due.
 		fqProgram(4, 16, 1, 3, 16, 64, 8,
-			fqAdmit("a", "", 1, far), fqAdvance(1), fqAdvance(2), fqTake(), fqAdmit("b", "", 1, far),
-			fqToggleDrain(), fqComplete(0), fqAdvance(1), fqTake(), fqToggleDrain()),
+			fqAdmit("a", "", 1, far), fqAdvance(1), fqAdvance(2), fqTake(fqEveryone), fqAdmit("b", "", 1, far),
+			fqToggleDrain(), fqComplete(0), fqAdvance(1), fqTake(fqEveryone), fqToggleDrain()),
 		// Late and abandoned entries are dropped on the way, never sent.
 		fqProgram(6, 16, 2, 5, 16, 64, 8,
 			fqAdmit("a", "", 1, 0), fqAdmit("b", "g", 1, far), fqAdmit("c", "g", 1, far), fqAdmit("a", "", 1, far),
-			fqAdvance(2), fqTakeAlive(0b11111011), fqComplete(0), fqTake()),
+			fqAdvance(2), fqTake(fqNotClass(2)), fqComplete(0), fqTake(fqEveryone)),
 		// Sweep and drainAll with a request in flight.
 		fqProgram(2, 16, 2, 5, 16, 64, 8,
-			fqAdmit("a", "g", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("b", "", 1, 3), fqTake(),
-			fqAdmit("a", "g", 1, 2), fqAdmit("c", "h", 1, far), fqAdvance(4), fqSweepAlive(0b11011111),
+			fqAdmit("a", "g", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("b", "", 1, 3), fqTake(fqEveryone),
+			fqAdmit("a", "g", 1, 2), fqAdmit("c", "h", 1, far), fqAdvance(4), fqSweep(fqNotClass(5)),
 			fqDrainAll(), fqComplete(0)),
+		// Sweeps leave dead entries behind a live head until push compacts
+		// the lane.
+		fqProgram(4, 16, 1, 5, 16, 64, 8, slices.Concat(
+			[]fqOp{fqAdmit("a", "", 1, far)},
+			slices.Repeat([]fqOp{fqAdmit("a", "", 1, 0), fqAdvance(2), fqSweep(fqEveryone)}, 19),
+			[]fqOp{fqAdmit("a", "", 1, far), fqTake(fqEveryone)})...),
+		// A group lane that is taken from as it grows moves its entries down.
+		fqProgram(2, 16, 1, 5, 16, 64, 8, slices.Concat(
+			slices.Repeat([]fqOp{fqAdmit("a", "g", 1, far)}, 4),
+			slices.Repeat([]fqOp{fqTake(fqEveryone), fqComplete(0), fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far)}, 10))...),
 		// The sweep that TestSweepAfterMidLaneRemoval shows panicking.
 		fqProgram(4, 16, 1, 5, 16, 64, 8,
 			fqAdmit("a", "", 1, 9), fqAdmit("a", "", 1, 4), fqAdmit("a", "", 1, far),
-			fqAdvance(6), fqSweep(), fqAdvance(5), fqSweep()),
+			fqAdvance(6), fqSweep(fqEveryone), fqAdvance(5), fqSweep(fqEveryone)),
 	}
 }

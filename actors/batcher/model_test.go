@@ -25,9 +25,15 @@ import (
 //     is next); a tenant that comes to own a lane when it owned none joins
 //     the ring last, and one left owning none leaves it. Within a tenant its
 //     lanes take turns the same way (turns[t][0] is next).
+//   - Admission refuses, in this order, at QueueMax entries, at QueueMaxBytes
+//     bytes, at TenantMax entries of the tenant; every queued entry counts,
+//     gated or not, none in flight does.
 //   - A turn sends the oldest entry of the tenant's next lane, then passes to
 //     the next tenant, and within the tenant to its next lane. An entry found
-//     abandoned on the way is dropped and uses no turn.
+//     late or abandoned on the way is dropped and uses no turn. A batch ends
+//     at MaxEntries, at the first entry that would pass MaxBytes, or when no
+//     tenant is in turn; then its groups are gated, and if it is not empty it
+//     is one more request in flight.
 //
 // Which tenant goes first after a sweep depends on the order in which queue
 // visits its maps, which Go leaves unspecified, so after a sweep the model
@@ -51,7 +57,6 @@ type refEntry struct {
 	group    string
 	size     int
 	deadline int64
-	q        *entry // queue's entry
 }
 
 type refLane struct {
