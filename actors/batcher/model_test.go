@@ -144,6 +144,9 @@ func (m *refModel) due(now int64) (telemetry.Trigger, bool) {
 }
 
 func (m *refModel) take(now int64, alive func(*refEntry) bool) (batch []*refEntry, groups []*refLane, dropped []*refEntry) {
+	if m.s.oneGroup {
+		return m.takeOneGroup(now, alive)
+	}
 	bytes := 0
 	for len(batch) < m.s.maxEntries && len(m.ring) > 0 {
 		t := m.ring[0]
@@ -171,6 +174,89 @@ func (m *refModel) take(now int64, alive func(*refEntry) bool) (batch []*refEntr
 	for _, l := range groups {
 		l.gated = true
 		m.settle(l)
+	}
+	if len(batch) > 0 {
+		m.inflight++
+		m.lingerFrom = now
+	}
+	m.tidy()
+	return batch, groups, dropped
+}
+
+// takeOneGroup is take for destinations whose requests hold one group
+// (settings.oneGroup). Abandoned heads are dropped until a live one decides
+// the batch by the lane it stands in: a group's lane fills the batch in its
+// own order, whoever its entries belong to, and the turn passes on; an
+// ungrouped lane starts a batch of ungrouped entries only, taken round-robin
+// over the tenants, passing over those that have none, one lap at most.
+func (m *refModel) takeOneGroup(now int64, alive func(*refEntry) bool) (batch []*refEntry, groups []*refLane, dropped []*refEntry) {
+	late := func(e *refEntry) bool { return e.deadline <= now || !alive(e) }
+	drop := func(l *refLane) {
+		dropped = append(dropped, l.entries[0])
+		l.entries = l.entries[1:]
+		m.settle(l)
+	}
+	for len(m.ring) > 0 && late(m.turns[m.ring[0]][0].entries[0]) {
+		drop(m.turns[m.ring[0]][0])
+	}
+	if len(m.ring) == 0 {
+		m.tidy()
+		return nil, nil, dropped
+	}
+	bytes := 0
+	t := m.ring[0]
+	if l := m.turns[t][0]; l.group != "" {
+		for len(batch) < m.s.maxEntries && len(l.entries) > 0 {
+			e := l.entries[0]
+			if late(e) {
+				drop(l)
+				continue
+			}
+			if bytes+e.size > m.s.maxBytes {
+				break
+			}
+			l.entries = l.entries[1:] // ownership moves once the batch leaves
+			batch = append(batch, e)
+			bytes += e.size
+		}
+		if l.owner == t {
+			m.turns[t] = refRotate(m.turns[t])
+		}
+		if len(m.turns[t]) > 0 {
+			m.ring = refRotate(m.ring)
+		}
+		if len(batch) > 0 {
+			l.gated = true
+			groups = []*refLane{l}
+		}
+		m.settle(l)
+	} else {
+		for misses := 0; len(batch) < m.s.maxEntries && len(m.ring) > 0 && misses < len(m.ring); {
+			t := m.ring[0]
+			p := m.lanes[refLaneKey(t, "")]
+			if p == nil || p.owner != t {
+				m.ring = refRotate(m.ring)
+				misses++
+				continue
+			}
+			e := p.entries[0]
+			if late(e) {
+				drop(p)
+				continue
+			}
+			if bytes+e.size > m.s.maxBytes {
+				break
+			}
+			p.entries = p.entries[1:]
+			batch = append(batch, e)
+			bytes += e.size
+			misses = 0
+			if m.turns[t][0] == p {
+				m.turns[t] = refRotate(m.turns[t])
+			}
+			m.ring = refRotate(m.ring)
+			m.settle(p)
+		}
 	}
 	if len(batch) > 0 {
 		m.inflight++
