@@ -262,6 +262,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 				break
 			}
 			q.pop(l)
+			l.skipDead()
 			batch = append(batch, e)
 			bytes += e.size
 		}
@@ -333,8 +334,10 @@ func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
 	minDeadline := int64(math.MaxInt64)
 	visit := func(l *lane) {
 		for i := l.head; i < len(l.entries); i++ {
+			// A removal at the head advances the head past dead entries
+			// and clears their slots: skip those too.
 			e := l.entries[i]
-			if e.dead {
+			if e == nil || e.dead {
 				continue
 			}
 			if e.deadline <= now || !alive(e) {
@@ -418,11 +421,7 @@ func (q *queue) gate(l *lane) {
 // owning its head when it has live entries and is not gated, nowhere
 // otherwise; an empty, idle group lane is deleted.
 func (q *queue) settle(l *lane) {
-	for l.head < len(l.entries) && l.entries[l.head].dead {
-		l.entries[l.head] = nil
-		l.head++
-		l.dead--
-	}
+	l.skipDead()
 	var want *tenant
 	if l.live > 0 && !l.gated {
 		want = l.entries[l.head].tenant
@@ -520,6 +519,16 @@ func (l *lane) push(e *entry) {
 	l.entries = append(l.entries, e)
 	l.live++
 	l.bytes += int64(e.size)
+}
+
+// skipDead advances the head past dead entries, so that it is live
+// whenever the lane has live entries.
+func (l *lane) skipDead() {
+	for l.head < len(l.entries) && l.entries[l.head].dead {
+		l.entries[l.head] = nil
+		l.head++
+		l.dead--
+	}
 }
 
 func (l *lane) appendLive(all []*entry) []*entry {
