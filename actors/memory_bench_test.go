@@ -284,7 +284,18 @@ func BenchmarkIdleDestinationsReturnToBaseline(b *testing.B) {
 			return int(peak.Load())
 		}
 
-		g0, h0 := runtime.NumGoroutine(), heapAlloc()
+		// The baseline waits for goroutines of an earlier run (-count)
+		// to finish exiting.
+		g0 := runtime.NumGoroutine()
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			g := runtime.NumGoroutine()
+			if g == g0 {
+				break
+			}
+			g0 = g
+		}
+		h0 := heapAlloc()
 		peak1 := wave()
 		g1, h1 := settled(g0), heapAlloc()
 		peak2 := wave()
