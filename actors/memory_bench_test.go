@@ -22,7 +22,8 @@ import (
 // This file measures what sinkbatch keeps in memory: per queued entry, and
 // after a crowd of destinations has gone idle. Every figure is a difference
 // or a ratio against heap or goroutines measured earlier in the same run, so
-// the noise of a shared machine cancels out. Run them one at a time:
+// the noise of a shared machine cancels out. Each iteration is a whole
+// measurement, so one is enough:
 //
 //	go test -run '^$' -bench 'Memory|Idle' -benchtime 1x ./actors/
 
@@ -102,8 +103,9 @@ type queueMemory struct {
 // measureQueueMemory queues n deliveries in one destination whose only
 // request is held open, and returns what they cost on the heap.
 //
-// The payload (the *messages.Deliver, its Tenant, Group and Body) is
-// allocated before the baseline is read, so it is counted in neither delta;
+// The payload (each *messages.Deliver with its Tenant, Group and Body, and
+// the caller's slice of pointers to them) is allocated before the baseline
+// is read, so it is counted in neither delta;
 // its own cost is reported beside. The control sends the same deliveries
 // from the same kind of requester to a silent actor with the batcher's
 // mailbox type: what it keeps (mailbox residue, nothing else) is protoactor's
