@@ -105,11 +105,10 @@ type queueMemory struct {
 //
 // The payload (each *messages.Deliver with its Tenant, Group and Body, and
 // the caller's slice of pointers to them) is allocated before the baseline
-// is read, so it is counted in neither delta;
-// its own cost is reported beside. The control sends the same deliveries
-// from the same kind of requester to a silent actor with the batcher's
-// mailbox type: what it keeps (mailbox residue, nothing else) is protoactor's
-// and is subtracted.
+// is read, so it is counted in neither delta; its own cost is reported
+// beside. The control sends the same deliveries from the same kind of
+// requester to a silent actor with the batcher's mailbox type: what it keeps
+// (mailbox residue, nothing else) is protoactor's and is subtracted.
 func measureQueueMemory(tb testing.TB, n int, shape queueShape) queueMemory {
 	system := quietSystem()
 	inst, err := actors.Start(system, actors.Config{Name: "memory"})
