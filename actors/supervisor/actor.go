@@ -98,7 +98,12 @@ func (s *Supervisor) idle(ctx actor.Context, m *batcher.Idle) {
 	}
 	if rt.state.CompareAndSwap(m.Received, m.Received|closed) {
 		rt.idleStopping = true
-		ctx.Stop(m.Who)
+		// Not ctx.Stop: it caches the process on the PID, and protoactor's
+		// child set keeps removed PIDs in its backing array, so every
+		// stopped batcher (queue, mailbox, timer) would stay reachable.
+		if p, ok := s.system.ProcessRegistry.Get(m.Who); ok {
+			p.Stop(m.Who)
+		}
 	}
 }
 
