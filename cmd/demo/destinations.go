@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,9 +54,9 @@ type destination struct {
 	// grouped: every message needs a group (a FIFO queue); ordered: the
 	// destination keeps each group's order, so the read back checks it.
 	grouped, ordered bool
-	// readBack returns the idempotency keys the destination holds, in the
-	// order it stored them; nil when it cannot be read back.
-	readBack func(ctx context.Context) ([]string, error)
+	// readBack returns the messages the destination holds, in the order
+	// it stored them; nil when it cannot be read back.
+	readBack func(ctx context.Context) ([]stored, error)
 	noRead   string // why it is not read back
 
 	refused     atomic.Int64 // RetryAfterError answers the callers got
@@ -211,7 +212,7 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 			d.codec = c
 		}
 		if o.sqsQueueURL == "" {
-			d.readBack = func(ctx context.Context) ([]string, error) { return drainQueue(ctx, admin, url) }
+			d.readBack = func(ctx context.Context) ([]stored, error) { return drainQueue(ctx, admin, url) }
 		} else {
 			d.noRead = "an existing queue: reading it would consume others' messages"
 		}
@@ -233,8 +234,9 @@ func createQueue(ctx context.Context, admin *awssqs.Client, name string) (string
 	if strings.HasSuffix(name, ".fifo") {
 		attrs["FifoQueue"] = "true"
 	}
-	// A queue of another run on an external server must not mix in.
-	name = fmt.Sprintf("sinkbatch-demo-%d-%s", time.Now().Unix(), name)
+	// A queue of another run must not mix in: on an external server, and
+	// in kumo, whose storage is one per process, not one per server.
+	name = fmt.Sprintf("sinkbatch-demo-%d-%s", time.Now().UnixNano()%1e12, name)
 	out, err := admin.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
 	if err != nil {
 		return "", fmt.Errorf("create queue %s: %w", name, err)
@@ -242,36 +244,82 @@ func createQueue(ctx context.Context, admin *awssqs.Client, name string) (string
 	return aws.ToString(out.QueueUrl), nil
 }
 
+// stored is one message as a destination holds it.
+type stored struct {
+	id  string // the destination's message id
+	key string // its idempotency key
+	// redelivered: the queue handed it out before, in a receive whose
+	// answer the demo never got (see drainQueue); where it stands in its
+	// group is then not the order it was stored in.
+	redelivered bool
+}
+
+// readVisibility is the read back's VisibilityTimeout in seconds: long
+// enough to delete each received message before it is handed out again
+// (should that happen, the message id tells), short enough to wait out a
+// receive whose answer was lost.
+const readVisibility = 3
+
 // drainQueue receives and deletes every message the queue holds, in the
-// order the queue hands them out (a FIFO queue: each group's order), and
-// returns their idempotency keys. It stops at the first empty receive: the
-// instance has stopped, nothing more is on its way. The long visibility
-// timeout keeps a message that is received but not yet deleted from being
-// received twice.
-func drainQueue(ctx context.Context, admin *awssqs.Client, url string) ([]string, error) {
-	var keys []string
+// order the queue hands them out (a FIFO queue: each group's order). The
+// instance has stopped, so nothing more is on its way: the queue is empty
+// when a receive returns nothing and it reports no message in flight.
+//
+// A receive can take messages and lose its answer: the SDK retries a
+// response it could not read (aws-sdk-go-v2 retries net.ErrClosed), and the
+// messages the first attempt took stay in flight until readVisibility
+// passes, locking their FIFO groups meanwhile. drainQueue waits for them, and
+// counts each message once by its message id.
+func drainQueue(ctx context.Context, admin *awssqs.Client, url string) ([]stored, error) {
+	var out []stored
+	seen := map[string]bool{}
+	var waitingSince time.Time
 	for range 1_000_000 { // bounded: 10 million messages
-		out, err := admin.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-			QueueUrl:              aws.String(url),
-			MaxNumberOfMessages:   10,
-			VisibilityTimeout:     600,
-			WaitTimeSeconds:       0,
-			MessageAttributeNames: []string{sqs.DefaultIdempotencyAttribute},
+		res, err := admin.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl:                    aws.String(url),
+			MaxNumberOfMessages:         10,
+			VisibilityTimeout:           readVisibility,
+			WaitTimeSeconds:             0,
+			MessageAttributeNames:       []string{sqs.DefaultIdempotencyAttribute},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("receive from %s: %w", url, err)
 		}
-		if len(out.Messages) == 0 {
-			return keys, nil
-		}
-		del := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
-		for i, m := range out.Messages {
-			key := ""
-			if v, ok := m.MessageAttributes[sqs.DefaultIdempotencyAttribute]; ok {
-				key = aws.ToString(v.StringValue)
+		if len(res.Messages) == 0 {
+			left, err := inQueue(ctx, admin, url)
+			if err != nil {
+				return nil, err
 			}
-			keys = append(keys, key)
+			if left == 0 {
+				return out, nil
+			}
+			if waitingSince.IsZero() {
+				waitingSince = time.Now()
+			}
+			if time.Since(waitingSince) > 3*readVisibility*time.Second {
+				return nil, fmt.Errorf("read back: %d messages of %s stay invisible", left, url)
+			}
+			if !sleep(ctx, 100*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		waitingSince = time.Time{}
+		del := make([]types.DeleteMessageBatchRequestEntry, len(res.Messages))
+		for i, m := range res.Messages {
+			id := aws.ToString(m.MessageId)
 			del[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), ReceiptHandle: m.ReceiptHandle}
+			if seen[id] {
+				continue // its delete's answer was lost
+			}
+			seen[id] = true
+			receives, _ := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+			s := stored{id: id, redelivered: receives > 1}
+			if v, ok := m.MessageAttributes[sqs.DefaultIdempotencyAttribute]; ok {
+				s.key = aws.ToString(v.StringValue)
+			}
+			out = append(out, s)
 		}
 		// Deleting lets a FIFO queue hand out the group's next messages.
 		if _, err := admin.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: del}); err != nil {
@@ -279,6 +327,29 @@ func drainQueue(ctx context.Context, admin *awssqs.Client, url string) ([]string
 		}
 	}
 	return nil, errors.New("read back: queue never emptied")
+}
+
+// inQueue is how many messages url holds, visible or in flight.
+func inQueue(ctx context.Context, admin *awssqs.Client, url string) (int, error) {
+	a, err := admin.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{
+			types.QueueAttributeNameApproximateNumberOfMessages,
+			types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+		},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("queue attributes of %s: %w", url, err)
+	}
+	n := 0
+	for _, k := range []types.QueueAttributeName{
+		types.QueueAttributeNameApproximateNumberOfMessages,
+		types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+	} {
+		v, _ := strconv.Atoi(a.Attributes[string(k)])
+		n += v
+	}
+	return n, nil
 }
 
 // poisonReactor makes the embedded Pub/Sub server refuse, with
@@ -325,14 +396,14 @@ func setUpPubSub(ctx context.Context, o options, s *servers, idleTimeout time.Du
 				return nil, fmt.Errorf("create topic %s: %w", cfg.Topic, err)
 			}
 			srv, topic := s.pstest, cfg.Topic
-			d.readBack = func(context.Context) ([]string, error) {
-				var keys []string
+			d.readBack = func(context.Context) ([]stored, error) {
+				var out []stored
 				for _, m := range srv.Messages() { // in publish order
 					if m.Topic == topic {
-						keys = append(keys, m.Attributes[pubsub.DefaultIdempotencyAttribute])
+						out = append(out, stored{id: m.ID, key: m.Attributes[pubsub.DefaultIdempotencyAttribute]})
 					}
 				}
-				return keys, nil
+				return out, nil
 			}
 		} else {
 			cfg.Insecure = cfg.Endpoint != "" && (os.Getenv("PUBSUB_EMULATOR_HOST") != "" || isLoopback(cfg.Endpoint))

@@ -67,6 +67,10 @@ type load struct {
 
 	mu      sync.Mutex
 	special map[string]*record // the poison and crash messages, by key
+
+	// pause is written by runPause before it closes pause.resumed and
+	// read by the report once every goroutine of the load has returned.
+	pause *pause
 }
 
 // stream sends rate messages per second for tenant to d from a pool of
@@ -223,28 +227,59 @@ const poisonCompanions = 7
 // plan is the load's schedule, in offsets from its start, scaled to the
 // run's duration.
 type plan struct {
-	poison, burst, crash  time.Duration
-	pauseFrom, pauseUntil time.Duration // the audit destination's pause
-	idleTimeout           time.Duration
-	burstSize             int
+	poison, burst, crash time.Duration
+	// The audit destination pauses at pauseFrom until its batcher has
+	// stopped idle and stayed stopped for pauseHold, or for pauseMax at
+	// most: waiting for the stop, rather than pausing for a fixed time,
+	// shows it even on a machine slow enough to keep requests in flight
+	// for seconds.
+	pauseFrom, pauseHold, pauseMax time.Duration
+	idleTimeout                    time.Duration
+	burstSize                      int
 }
 
 func newPlan(o options) plan {
 	d := o.duration
-	idle := min(max(d/15, 200*time.Millisecond), time.Second)
-	p := plan{
-		poison:      d * 2 / 10,
+	idle := min(max(d/15, 200*time.Millisecond), time.Second).Round(10 * time.Millisecond)
+	return plan{
+		poison:      d * 15 / 100,
 		burst:       d * 3 / 10,
 		crash:       d * 5 / 10,
-		pauseFrom:   d * 35 / 100,
+		pauseFrom:   d * 3 / 10,
+		pauseHold:   2 * idle,
+		pauseMax:    d * 6 / 10,
 		idleTimeout: idle,
 		burstSize:   max(int(400*o.load), 100),
 	}
-	// Long enough for the idle stop to show: the requests in flight end,
-	// IdleTimeout passes, the supervisor stops the batcher; with room to
-	// spare on a busy machine.
-	p.pauseUntil = p.pauseFrom + max(d*4/10, 4*idle)
-	return p
+}
+
+// pause is the audit destination's pause as it happened.
+type pause struct {
+	resumed  chan struct{} // closed when the traffic resumes
+	from     time.Duration
+	until    time.Duration
+	stopSeen bool // the batcher count dropped during the pause
+}
+
+// runPause pauses the audit streams (their paused func reads p.resumed)
+// and resumes them once the instance runs one batcher fewer than when the
+// pause began, pauseHold later, or after pauseMax.
+func (l *load) runPause(ctx context.Context, p plan, t0 time.Time) {
+	ps := l.pause
+	before := l.inst.Stats().Batchers
+	ps.from = time.Since(t0)
+	deadline := time.Now().Add(p.pauseMax)
+	for time.Now().Before(deadline) && l.inst.Stats().Batchers >= before {
+		if !sleep(ctx, 10*time.Millisecond) {
+			break
+		}
+	}
+	if l.inst.Stats().Batchers < before {
+		ps.stopSeen = true
+		sleep(ctx, min(p.pauseHold, time.Until(deadline)))
+	}
+	ps.until = time.Since(t0)
+	close(ps.resumed)
 }
 
 // start launches every stream and scripted event; they run until ctx ends.
@@ -267,10 +302,16 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 		}
 	}
 	audit := l.dests[destAudit]
+	l.pause = &pause{resumed: make(chan struct{})}
 	paused := func(now time.Time) bool {
-		off := now.Sub(t0)
-		return off >= p.pauseFrom && off < p.pauseUntil
+		select {
+		case <-l.pause.resumed:
+			return false
+		default:
+			return now.Sub(t0) >= p.pauseFrom
+		}
 	}
+	l.at(ctx, p.pauseFrom, func() { l.runPause(ctx, p, t0) })
 	l.stream(ctx, audit, "a", rate(60), 4, 0, paused)
 	l.stream(ctx, audit, "b", rate(60), 4, 0, paused)
 	// A trickle keeps the burst destination's batcher running.

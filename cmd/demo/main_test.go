@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -11,6 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/sivchari/kumo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -49,11 +57,15 @@ func (s *syncBuffer) String() string {
 // shared cores.
 var testArgs = []string{"-duration", "3s", "-load", "0.2", "-log-level", "warn"}
 
+// runArgs are testArgs with a second more: room for the idle stop and the
+// restart after it when the machine is slow.
+var runArgs = append([]string{"-duration", "4s"}, testArgs[2:]...)
+
 // TestRun runs the whole demo: every scripted event happens, and the read
 // back finds nothing lost or out of order.
 func TestRun(t *testing.T) {
 	var stdout, stderr syncBuffer
-	code := run(context.Background(), testArgs, &stdout, &stderr)
+	code := run(context.Background(), runArgs, &stdout, &stderr)
 	out := stdout.String()
 	t.Log("\n" + out)
 	require.Equal(t, 0, code, "stderr:\n%s", stderr.String())
@@ -62,7 +74,7 @@ func TestRun(t *testing.T) {
 	assert.Contains(t, out, "poison: refused for good after 1 attempt(s), not stored")
 	assert.Contains(t, out, "the marked message: delivered after 2 attempts")
 	assert.Regexp(t, `burst: \d+ callers at once on sqs-burst: [1-9]\d* refusals`, out)
-	assert.Contains(t, out, "idle: pubsub-audit's batcher stopped")
+	assert.Regexp(t, `idle: pubsub-audit paused \S+; its batcher stopped after \S+ without traffic and started again when it resumed \(batchers 5 -> 4 -> 5\)`, out)
 	assert.Contains(t, out, "stop: every delivery answered")
 	// A progress line a second.
 	assert.Regexp(t, `(?m)^\s+2s  delivered\s+\d+/s  queued`, stderr.String())
@@ -107,4 +119,59 @@ func TestMetrics(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the demo did not end")
 	}
+}
+
+// TestExternal points the demo at servers it did not start, as it would be
+// pointed at real services: an existing queue through the AWS default
+// credential chain, and a topic at an endpoint. Nothing is read back then;
+// the test counts what arrived itself.
+func TestExternal(t *testing.T) {
+	dir := t.TempDir()
+	for k, v := range map[string]string{
+		"AWS_ACCESS_KEY_ID":           "demo",
+		"AWS_SECRET_ACCESS_KEY":       "demo-secret",
+		"AWS_REGION":                  "us-east-1",
+		"AWS_CONFIG_FILE":             dir + "/none",
+		"AWS_SHARED_CREDENTIALS_FILE": dir + "/none",
+		"AWS_EC2_METADATA_DISABLED":   "true",
+		"PUBSUB_EMULATOR_HOST":        "",
+	} {
+		t.Setenv(k, v)
+	}
+	sqsSrv := kumo.NewServer()
+	defer sqsSrv.Close()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	admin := awssqs.New(awssqs.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(sqsSrv.URL),
+		Credentials: credentials.NewStaticCredentialsProvider("demo", "demo-secret", ""),
+		HTTPClient:  &http.Client{Transport: tr},
+	})
+	q, err := admin.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(fmt.Sprintf("external-%d", time.Now().UnixNano()))})
+	require.NoError(t, err)
+
+	psSrv := pstest.NewServerWithAddress("127.0.0.1:0")
+	defer func() { _ = psSrv.Close() }()
+	const topic = "projects/external/topics/demo"
+	_, err = psSrv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: topic})
+	require.NoError(t, err)
+
+	var stdout, stderr syncBuffer
+	args := append([]string{
+		"-sqs-queue-url", aws.ToString(q.QueueUrl), "-sqs-endpoint", sqsSrv.URL,
+		"-pubsub-topic", topic, "-pubsub-endpoint", psSrv.Addr,
+	}, testArgs...)
+	code := run(context.Background(), args, &stdout, &stderr)
+	out := stdout.String()
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, stderr.String())
+	assert.Contains(t, out, "not read back, so not checked: sqs-orders.fifo")
+	assert.Contains(t, out, "poison: not sent")
+	assert.NotContains(t, out, "kumo at", "the embedded servers are not started")
+
+	attrs, err := admin.GetQueueAttributes(context.Background(), &awssqs.GetQueueAttributesInput{
+		QueueUrl: q.QueueUrl, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages},
+	})
+	require.NoError(t, err)
+	assert.NotEqual(t, "0", attrs.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
+	assert.NotEmpty(t, psSrv.Messages())
 }
