@@ -257,11 +257,6 @@ func fqReason(r messages.FullReason, ok bool) string {
 
 func (h *fqHarness) take(mask uint8) {
 	qAlive, mAlive := h.aliveFuncs(mask)
-	if why := fqOneGroupTakeHitsDeadEntry(h.q); why != "" {
-		// Remove this guard once queue.go is fixed, as for sweep's.
-		h.logf("take at %d alive %08b not run: known bug (TestOneGroupTakeSkipsEntriesSweptBehindItsHead): %s", h.now, mask, why)
-		return
-	}
 	pre := h.snapshot()
 	qBatch, qGroups, qDropped := h.q.take(h.now, qAlive)
 	mBatch, mGroups, mDropped := h.m.take(h.now, mAlive)
@@ -295,12 +290,6 @@ func (h *fqHarness) complete(i int) {
 
 func (h *fqHarness) sweep(mask uint8) {
 	qAlive, mAlive := h.aliveFuncs(mask)
-	if why := fqSweepHitsNilEntry(h.q, h.now, qAlive); why != "" {
-		// Remove this guard once queue.go is fixed; until then the run goes
-		// on without the sweep rather than stopping where the bug is.
-		h.logf("sweep at %d alive %08b not run: known bug (TestSweepAfterMidLaneRemoval): %s", h.now, mask, why)
-		return
-	}
 	dropped := h.refs(h.q.sweep(h.now, qAlive))
 	want := h.m.sweep(h.now, mAlive)
 	h.logf("sweep at %d alive %08b -> dropped %v", h.now, mask, refNames(dropped))
@@ -635,48 +624,6 @@ func (h *fqHarness) checkTurns(pre map[string]fqSnapLane, batch []*refEntry) {
 	}
 }
 
-// fqSweepHitsNilEntry says whether sweep would walk into a slot that its own
-// removal has just cleared: it removes an entry at the head of a lane whose
-// next entry was already removed (dead) by an earlier sweep, and live entries
-// remain after them. See TestSweepAfterMidLaneRemoval.
-func fqSweepHitsNilEntry(q *queue, now int64, alive func(*entry) bool) string {
-	check := func(l *lane) string {
-		n := len(l.entries)
-		dead := make([]bool, n)
-		for i := l.head; i < n; i++ {
-			dead[i] = l.entries[i].dead
-		}
-		head, live := l.head, l.live
-		for i := l.head; i < n; i++ {
-			if dead[i] {
-				continue
-			}
-			if e := l.entries[i]; e.deadline <= now || !alive(e) {
-				dead[i] = true
-				live--
-				for head < n && dead[head] {
-					head++
-				}
-				if live > 0 && head > i+1 {
-					return fmt.Sprintf("removing %v at the head of its lane clears the dead entry after it", e.deliver.Ref)
-				}
-			}
-		}
-		return ""
-	}
-	for _, tn := range q.tenants {
-		if why := check(&tn.plain); why != "" {
-			return why
-		}
-	}
-	for _, l := range q.groups {
-		if why := check(l); why != "" {
-			return why
-		}
-	}
-	return ""
-}
-
 // TestTurnsFollowLaneOwnership pins down what round-robin means when a
 // group's entries belong to several tenants: a group's lane is in the turns
 // of the tenant owning its oldest entry, so a tenant whose entries wait behind
@@ -704,21 +651,6 @@ func TestTurnsFollowLaneOwnership(t *testing.T) {
 	require.Equal(t, []any{"a//1", "b/g/4", "a//2", "a/g/5"}, got)
 }
 
-// fqOneGroupTakeHitsDeadEntry says, erring on the safe side, whether
-// takeOneGroup may pop its way onto a dead entry: some sendable group lane
-// holds one behind its head. See TestOneGroupTakeSkipsEntriesSweptBehindItsHead.
-func fqOneGroupTakeHitsDeadEntry(q *queue) string {
-	if !q.s.oneGroup {
-		return ""
-	}
-	for g, l := range q.groups {
-		if !l.gated && l.dead > 0 {
-			return fmt.Sprintf("group %s holds %d dead entries", g, l.dead)
-		}
-	}
-	return ""
-}
-
 // TestSweepAfterMidLaneRemoval is the smallest input on which queue.sweep
 // panics. Sweep removes b, abandoned behind the live head a, and leaves it in
 // the lane marked dead. When a later sweep removes a, settle advances the
@@ -727,7 +659,6 @@ func fqOneGroupTakeHitsDeadEntry(q *queue) string {
 // actor is a crash. The driver reaches it whenever a lane holds entries with
 // different deadlines or a caller gives up (Cancels) behind a live head.
 func TestSweepAfterMidLaneRemoval(t *testing.T) {
-	t.Skip("bug: queue.sweep reads a lane slot its own settle cleared (nil *entry); lead to fix queue.go")
 	q := newQueue(settings{maxEntries: 4, maxBytes: 10, maxInflight: 1, linger: 1, queueMax: 10, queueMaxBytes: 100, tenantMax: 10})
 	a, b, c := fqEntry("a", "", 1, 10), fqEntry("a", "", 2, 5), fqEntry("a", "", 3, math.MaxInt64)
 	for _, e := range []*entry{a, b, c} {
@@ -752,7 +683,6 @@ func TestSweepAfterMidLaneRemoval(t *testing.T) {
 // twice, and g/3 is stranded. Had g/2 still been sendable by deadline and
 // liveness it would have been sent after being answered as dropped.
 func TestOneGroupTakeSkipsEntriesSweptBehindItsHead(t *testing.T) {
-	t.Skip("bug: queue.takeOneGroup's grouped loop reads a dead entry after pop; lead to fix queue.go")
 	q := newQueue(settings{maxEntries: 4, maxBytes: 10, maxInflight: 1, linger: 1, queueMax: 10, queueMaxBytes: 100, tenantMax: 10, oneGroup: true})
 	g1, g2, g3 := fqEntry("a", "g", 1, math.MaxInt64), fqEntry("a", "g", 2, 5), fqEntry("a", "g", 3, math.MaxInt64)
 	for _, e := range []*entry{g1, g2, g3} {
