@@ -74,11 +74,14 @@
 // guided by codec.IsPermanent.
 //
 // Delivery is at least once. When an answer is lost after SQS stored the
-// messages (a reset connection; the SDK also retries a connection it closed
-// itself, see aws-sdk-go-v2 issue 2737), the SDK's retry stores them again:
-// a FIFO queue drops the repeat by its MessageDeduplicationId (within SQS's
-// five-minute window) and answers with the first message ids; on a standard
-// queue the consumer deduplicates by the idempotency attribute.
+// messages (a reset connection, a timeout), the SDK's retry stores them
+// again: a FIFO queue drops the repeat by its MessageDeduplicationId (within
+// SQS's five-minute window) and answers with the first message ids; on a
+// standard queue the consumer deduplicates by the idempotency attribute. The
+// codec removes one cause of such repeats: with the SDK as it is, net/http
+// may close a connection under an answer it is reading, because the SDK
+// closes the request body early (aws-sdk-go-v2 issue 2737); SendBatch hands
+// net/http a body that ends cleanly instead (see TestNoConnectionClosedUnderAnswer).
 //
 // A Codec is safe for concurrent use.
 package sqs

@@ -132,6 +132,9 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		// The SDK fails the whole call, output and all, on one entry's
 		// MD5 mismatch; check per entry below instead.
 		o.DisableMessageChecksumValidation = true
+		if o.HTTPClient != nil {
+			o.HTTPClient = readOnlyBodies{o.HTTPClient}
+		}
 	})
 	if err != nil {
 		return nil, c.classify(err)

@@ -123,6 +123,7 @@ func New(cfg Config) (*Codec, error) {
 			region: o.Region, endpoint: aws.ToString(o.BaseEndpoint), credentials: o.Credentials,
 			resolver: o.EndpointResolverV2, httpClient: o.HTTPClient, retryer: o.Retryer,
 			retryMaxAttempts: o.RetryMaxAttempts, retryMode: o.RetryMode, appID: o.AppID,
+			endpointOptions: o.EndpointOptions, apiOptions: apiOptions(o.APIOptions),
 		}
 	} else {
 		// Read the aws.Config itself, not the client's options: the SDK
@@ -134,6 +135,9 @@ func New(cfg Config) (*Codec, error) {
 			region: a.Region, endpoint: aws.ToString(a.BaseEndpoint), credentials: a.Credentials,
 			resolver: a.EndpointResolverWithOptions, httpClient: a.HTTPClient, retryer: a.Retryer,
 			retryMaxAttempts: a.RetryMaxAttempts, retryMode: a.RetryMode, appID: a.AppID,
+			// FIPS and dual-stack come from the config's sources; the
+			// client has resolved them.
+			endpointOptions: client.Options().EndpointOptions, apiOptions: apiOptions(a.APIOptions),
 		}
 	}
 	if tr.region == "" {
@@ -184,6 +188,17 @@ type transport struct {
 	retryMaxAttempts int
 	retryMode        aws.RetryMode
 	appID            string
+	endpointOptions  awssqs.EndpointResolverOptions
+	apiOptions       []string // middleware that may change the request
+}
+
+// apiOptions names each of a client's extra middleware functions.
+func apiOptions[F any](fns []F) []string {
+	names := make([]string, len(fns))
+	for i, f := range fns {
+		names[i] = valueIdentity(f)
+	}
+	return names
 }
 
 // digest is the codec's Identity: a SHA-256 over everything that shapes a
@@ -206,6 +221,9 @@ func (c *Codec) digest(o transport) []byte {
 	field("retry-max-attempts", o.retryMaxAttempts)
 	field("retry-mode", o.retryMode)
 	field("app-id", o.appID)
+	field("endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
+		!o.endpointOptions.DisableHTTPS, o.endpointOptions.UseDualStackEndpoint, o.endpointOptions.UseFIPSEndpoint))
+	field("api-options", strings.Join(o.apiOptions, ","))
 	field("tuning", fmt.Sprintf("%+v", c.tuning))
 	if aws.IsCredentialsProvider(o.credentials, credentials.StaticCredentialsProvider{}) {
 		// A static provider answers at once, from memory.

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -109,9 +110,12 @@ func TestIdentity(t *testing.T) {
 		},
 		"http client":  func(c *sqs.Config) { c.AWS.HTTPClient = otherHTTP },
 		"max attempts": func(c *sqs.Config) { c.AWS.RetryMaxAttempts = 7 },
-		"tuning":       func(c *sqs.Config) { c.Tuning.Linger = time.Millisecond },
-		"cbd":          func(c *sqs.Config) { c.ContentBasedDeduplication = true },
-		"idem attr":    func(c *sqs.Config) { c.IdempotencyAttribute = "dedup" },
+		"api options": func(c *sqs.Config) {
+			c.AWS.APIOptions = append(c.AWS.APIOptions, func(*middleware.Stack) error { return nil })
+		},
+		"tuning":    func(c *sqs.Config) { c.Tuning.Linger = time.Millisecond },
+		"cbd":       func(c *sqs.Config) { c.ContentBasedDeduplication = true },
+		"idem attr": func(c *sqs.Config) { c.IdempotencyAttribute = "dedup" },
 	}
 	seen := map[string]string{string(base.Identity()): "base"}
 	for name, edit := range differ {
