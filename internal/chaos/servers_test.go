@@ -1,0 +1,508 @@
+package chaos_test
+
+// The real servers the chaos tests run against, and the faults they inject:
+// kumo (SQS) behind an HTTP proxy of this package, and pstest (Pub/Sub) with a
+// Publish reactor and a gRPC interceptor. Everything listens on 127.0.0.1.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/sivchari/kumo"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+)
+
+// poisonMark in a body makes both servers refuse the request holding it for
+// its content (SQS InvalidMessageContents, Pub/Sub InvalidArgument).
+const poisonMark = "POISON"
+
+// dice is a seeded random source safe for concurrent use. Which call draws
+// which number depends on scheduling; the seed fixes the odds and the load.
+type dice struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newDice(seed, stream uint64) *dice {
+	return &dice{r: rand.New(rand.NewPCG(seed, stream))}
+}
+
+func (d *dice) float() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.r.Float64()
+}
+
+func (d *dice) chance(p float64) bool { return p > 0 && d.float() < p }
+
+func (d *dice) between(lo, hi time.Duration) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return lo + time.Duration(d.r.Int64N(int64(hi-lo)+1))
+}
+
+// wait sleeps for d or until ctx ends; it reports whether d passed.
+func wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// stored is a message as the server holds it, in the server's order.
+type stored struct {
+	ID    string
+	Key   string // the idempotency key
+	Group string
+	Body  string
+}
+
+// ---- SQS: kumo behind a fault-injecting proxy ----
+
+// sqsFaults are the odds, per SendMessageBatch call, of each fault the proxy
+// injects while On, and how often each struck.
+type sqsFaults struct {
+	On   atomic.Bool
+	Dice *dice
+
+	ServerError, Throttle, ResetBefore, ResetAfter float64
+	Delay, LongDelay, DelayAfter                   float64
+
+	Struck struct {
+		ServerError, Throttle, ResetBefore, ResetAfter, Delay, LongDelay, Poison atomic.Int64
+	}
+}
+
+// plan is what the proxy does with one call.
+type plan struct {
+	answer      func(http.ResponseWriter) // answer instead of forwarding
+	before      time.Duration             // delay before forwarding
+	after       time.Duration             // delay before answering
+	resetAfter  bool                      // forward, then reset the connection
+	description string
+}
+
+func (f *sqsFaults) plan() plan {
+	var p plan
+	if f == nil || !f.On.Load() {
+		return p
+	}
+	d := f.Dice
+	switch x := d.float(); {
+	case x < f.ServerError:
+		f.Struck.ServerError.Add(1)
+		p.answer = func(w http.ResponseWriter) { awsError(w, http.StatusInternalServerError, "InternalError", "chaos") }
+	case x < f.ServerError+f.Throttle:
+		f.Struck.Throttle.Add(1)
+		p.answer = func(w http.ResponseWriter) {
+			awsError(w, http.StatusBadRequest, "ThrottlingException", "Rate exceeded")
+		}
+	case x < f.ServerError+f.Throttle+f.ResetBefore:
+		f.Struck.ResetBefore.Add(1)
+		p.answer = reset
+	case x < f.ServerError+f.Throttle+f.ResetBefore+f.ResetAfter:
+		f.Struck.ResetAfter.Add(1)
+		p.resetAfter = true
+	}
+	var delay time.Duration
+	switch x := d.float(); {
+	case x < f.LongDelay:
+		f.Struck.LongDelay.Add(1)
+		delay = d.between(time.Second, 3*time.Second)
+	case x < f.LongDelay+f.Delay:
+		f.Struck.Delay.Add(1)
+		delay = d.between(20*time.Millisecond, 200*time.Millisecond)
+	}
+	if d.chance(f.DelayAfter) {
+		p.after = delay // the messages are stored; the answer comes late
+	} else {
+		p.before = delay
+	}
+	return p
+}
+
+// sqsProxy forwards every call to kumo and injects faults into
+// SendMessageBatch calls. It counts the SendMessageBatch calls it sees.
+type sqsProxy struct {
+	URL     string
+	target  string
+	tr      *http.Transport
+	faults  *sqsFaults
+	poison  bool
+	Batches atomic.Int64
+}
+
+func newSQSProxy(t *testing.T, target string, faults *sqsFaults, poison bool) *sqsProxy {
+	t.Helper()
+	p := &sqsProxy{target: target, faults: faults, poison: poison, tr: http.DefaultTransport.(*http.Transport).Clone()}
+	p.tr.MaxIdleConnsPerHost = 64
+	srv := httptest.NewServer(p) // httptest listens on 127.0.0.1
+	t.Cleanup(func() {
+		srv.Close()
+		p.tr.CloseIdleConnections()
+	})
+	p.URL = srv.URL
+	return p
+}
+
+func (p *sqsProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the client hung up
+	}
+	var pl plan
+	if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" {
+		p.Batches.Add(1)
+		if p.poison && bytes.Contains(body, []byte(poisonMark)) {
+			if p.faults != nil {
+				p.faults.Struck.Poison.Add(1)
+			}
+			awsError(w, http.StatusBadRequest, "InvalidMessageContents", "chaos: the request holds a poison message")
+			return
+		}
+		pl = p.faults.plan()
+	}
+	if pl.before > 0 && !wait(r.Context(), pl.before) {
+		return
+	}
+	if pl.answer != nil {
+		pl.answer(w)
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	req.Header = r.Header.Clone()
+	resp, err := p.tr.RoundTrip(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	if pl.resetAfter {
+		reset(w) // stored, but the client never learns it
+		return
+	}
+	if pl.after > 0 && !wait(r.Context(), pl.after) {
+		return
+	}
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(answer)
+}
+
+// awsError answers with SQS's JSON error shape.
+func awsError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.Header().Set("X-Amzn-Query-Error", code+";Sender")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
+}
+
+// reset closes the client's connection with a TCP RST.
+func reset(w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+}
+
+// sqsEnv is kumo, in-process, and a proxy in front of it: codecs talk to the
+// proxy, the admin client (queues, read back) to kumo.
+type sqsEnv struct {
+	Proxy *sqsProxy
+	cfg   aws.Config
+	admin *awssqs.Client
+}
+
+func newSQSEnv(t *testing.T, faults *sqsFaults, poison bool) *sqsEnv {
+	t.Helper()
+	srv := kumo.NewServer()
+	t.Cleanup(srv.Close)
+	p := newSQSProxy(t, srv.URL, faults, poison)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	adminTr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(func() {
+		tr.CloseIdleConnections()
+		adminTr.CloseIdleConnections()
+	})
+	base := aws.Config{
+		Region:      "us-east-1",
+		Credentials: credentials.NewStaticCredentialsProvider("AKIDCHAOS", "secret-chaos", ""),
+		// The SDK's standard 3 attempts with a short backoff, and no
+		// client-side retry quota: the proxy fails calls on purpose.
+		Retryer: func() aws.Retryer {
+			return retry.NewStandard(func(o *retry.StandardOptions) {
+				o.MaxBackoff = 5 * time.Millisecond
+				o.RateLimiter = ratelimit.None
+			})
+		},
+	}
+	cfg := base
+	cfg.BaseEndpoint = aws.String(p.URL)
+	cfg.HTTPClient = &http.Client{Transport: tr}
+	adminCfg := base
+	adminCfg.BaseEndpoint = aws.String(srv.URL)
+	admin := awssqs.NewFromConfig(adminCfg, func(o *awssqs.Options) { o.HTTPClient = &http.Client{Transport: adminTr} })
+	return &sqsEnv{Proxy: p, cfg: cfg, admin: admin}
+}
+
+// createQueue makes a queue and returns its URL.
+func (e *sqsEnv) createQueue(t *testing.T, name string, fifo bool) string {
+	t.Helper()
+	attrs := map[string]string{}
+	if fifo {
+		name += ".fifo"
+		attrs["FifoQueue"] = "true"
+		attrs["ContentBasedDeduplication"] = "false"
+	}
+	out, err := e.admin.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	require.NoError(t, err)
+	return aws.ToString(out.QueueUrl)
+}
+
+// codec makes a codec for queueURL that talks through the proxy.
+func (e *sqsEnv) codec(t *testing.T, queueURL string, tuning codec.Tuning) *sqs.Codec {
+	t.Helper()
+	c, err := sqs.New(sqs.Config{QueueURL: queueURL, AWS: e.cfg, Tuning: tuning})
+	require.NoError(t, err)
+	return c
+}
+
+// readBack receives and deletes every message of queueURL until the queue
+// reports none left, and returns each message once: on a FIFO queue in
+// sequence-number order, elsewhere in order of first receipt. A received
+// message stays invisible for one second only: the SDK sometimes loses a
+// ReceiveMessage answer on a connection it closes early
+// (aws/aws-sdk-go-v2#2737) and retries, and the messages of the lost answer
+// must come back for the read back to see them.
+func (e *sqsEnv) readBack(t *testing.T, queueURL string, bound int) []stored {
+	t.Helper()
+	var all []stored
+	seq := map[string]int64{}
+	seen := map[string]bool{}
+	left := func() int {
+		out, err := e.admin.GetQueueAttributes(context.Background(), &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(queueURL),
+			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+		require.NoError(t, err)
+		n, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
+		m, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
+		return n + m
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < bound/10+1000; i++ {
+		out, err := e.admin.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
+			QueueUrl:                    aws.String(queueURL),
+			MaxNumberOfMessages:         10,
+			VisibilityTimeout:           1,
+			WaitTimeSeconds:             1,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			t.Logf("read back: %v", err) // a lost answer: its messages come back
+			continue
+		}
+		if len(out.Messages) == 0 {
+			if left() == 0 {
+				if strings.HasSuffix(queueURL, ".fifo") {
+					sort.SliceStable(all, func(i, j int) bool { return seq[all[i].ID] < seq[all[j].ID] })
+				}
+				return all
+			}
+			require.True(t, time.Now().Before(deadline), "queue %s: messages stay invisible", queueURL)
+			continue
+		}
+		del := make([]types.DeleteMessageBatchRequestEntry, 0, len(out.Messages))
+		for i, m := range out.Messages {
+			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+			id := aws.ToString(m.MessageId)
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			s := stored{ID: id, Body: aws.ToString(m.Body), Group: m.Attributes["MessageGroupId"]}
+			if v, ok := m.MessageAttributes[sqs.DefaultIdempotencyAttribute]; ok {
+				s.Key = aws.ToString(v.StringValue)
+			}
+			seq[id], _ = strconv.ParseInt(m.Attributes["SequenceNumber"], 10, 64)
+			all = append(all, s)
+		}
+		if _, err := e.admin.DeleteMessageBatch(context.Background(), &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del}); err != nil {
+			t.Logf("read back: delete: %v", err) // they come back and are seen again
+		}
+	}
+	t.Fatalf("queue %s still not empty after reading %d messages", queueURL, len(all))
+	return nil
+}
+
+// ---- Pub/Sub: pstest with a reactor and an interceptor ----
+
+// pubsubFaults are the odds of each fault the Pub/Sub side injects while On,
+// and how often each struck. Unavailable comes from pstest's reactor; delays
+// from a gRPC interceptor, since a reactor runs under the server's lock and a
+// delay there would stall every call.
+type pubsubFaults struct {
+	On   atomic.Bool
+	Dice *dice
+
+	Unavailable, Delay, LongDelay, DelayAfter float64
+
+	Struck struct {
+		Unavailable, Delay, LongDelay, Poison atomic.Int64
+	}
+}
+
+// pubsubEnv is a pstest server whose fake is served on a gRPC server of our
+// own on 127.0.0.1, with a fault-injecting interceptor in front of it.
+type pubsubEnv struct {
+	Srv       *pstest.Server
+	Addr      string
+	faults    *pubsubFaults
+	poison    bool
+	Publishes atomic.Int64 // Publish calls that reached the fake
+}
+
+// reactor adapts a function to pstest.Reactor.
+type reactor func(req *pubsubpb.PublishRequest) (handled bool, ret any, err error)
+
+func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
+
+func newPubSubEnv(t *testing.T, faults *pubsubFaults, poison bool, topics ...string) *pubsubEnv {
+	t.Helper()
+	e := &pubsubEnv{faults: faults, poison: poison}
+	e.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(e.react)})
+	t.Cleanup(func() { _ = e.Srv.Close() })
+	for _, name := range topics {
+		_, err := e.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: name})
+		require.NoError(t, err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer(grpc.UnaryInterceptor(e.intercept))
+	pubsubpb.RegisterPublisherServer(g, &e.Srv.GServer)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	e.Addr = lis.Addr().String()
+	return e
+}
+
+// react runs under pstest's lock: it only counts and rolls dice.
+func (e *pubsubEnv) react(req *pubsubpb.PublishRequest) (bool, any, error) {
+	e.Publishes.Add(1)
+	if e.poison {
+		for _, m := range req.Messages {
+			if bytes.Contains(m.Data, []byte(poisonMark)) {
+				if e.faults != nil {
+					e.faults.Struck.Poison.Add(1)
+				}
+				return true, nil, status.Error(codes.InvalidArgument, "chaos: the request holds a poison message")
+			}
+		}
+	}
+	if f := e.faults; f != nil && f.On.Load() && f.Dice.chance(f.Unavailable) {
+		f.Struck.Unavailable.Add(1)
+		return true, nil, status.Error(codes.Unavailable, "chaos: unavailable")
+	}
+	return false, nil, nil
+}
+
+func (e *pubsubEnv) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	f := e.faults
+	if f == nil || !f.On.Load() || info.FullMethod != "/google.pubsub.v1.Publisher/Publish" {
+		return handler(ctx, req)
+	}
+	var delay time.Duration
+	switch x := f.Dice.float(); {
+	case x < f.LongDelay:
+		f.Struck.LongDelay.Add(1)
+		delay = f.Dice.between(time.Second, 3*time.Second)
+	case x < f.LongDelay+f.Delay:
+		f.Struck.Delay.Add(1)
+		delay = f.Dice.between(20*time.Millisecond, 200*time.Millisecond)
+	}
+	if delay == 0 {
+		return handler(ctx, req)
+	}
+	if f.Dice.chance(f.DelayAfter) {
+		// Published at once; the answer comes late, or never.
+		resp, err := handler(ctx, req)
+		if !wait(ctx, delay) {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return resp, err
+	}
+	if !wait(ctx, delay) {
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return handler(ctx, req)
+}
+
+// codec makes a codec for topic; it is closed when the test ends.
+func (e *pubsubEnv) codec(t *testing.T, topic string, tuning codec.Tuning) *pubsub.Codec {
+	t.Helper()
+	c, err := pubsub.New(context.Background(), pubsub.Config{Topic: topic, Endpoint: e.Addr, Insecure: true, Tuning: tuning})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// readBack returns topic's messages in publish order.
+func (e *pubsubEnv) readBack(topic string) []stored {
+	var all []stored
+	for _, m := range e.Srv.Messages() {
+		if m.Topic != topic {
+			continue
+		}
+		all = append(all, stored{ID: m.ID, Key: m.Attributes[pubsub.DefaultIdempotencyAttribute], Group: m.OrderingKey, Body: string(m.Data)})
+	}
+	return all
+}
