@@ -263,23 +263,28 @@ type pause struct {
 
 // runPause pauses the audit streams (their paused func reads p.resumed)
 // and resumes them once the instance runs one batcher fewer than when the
-// pause began, pauseHold later, or after pauseMax.
+// pause began, pauseHold later, or at pauseFrom+pauseMax. The first message
+// after the pause goes out at once: it starts the batcher again.
 func (l *load) runPause(ctx context.Context, p plan, t0 time.Time) {
-	ps := l.pause
+	ps, audit := l.pause, l.dests[destAudit]
 	before := l.inst.Stats().Batchers
 	ps.from = time.Since(t0)
-	deadline := time.Now().Add(p.pauseMax)
-	for time.Now().Before(deadline) && l.inst.Stats().Batchers >= before {
+	end := t0.Add(p.pauseFrom + p.pauseMax)
+	for time.Now().Before(end) && l.inst.Stats().Batchers >= before {
 		if !sleep(ctx, 10*time.Millisecond) {
 			break
 		}
 	}
 	if l.inst.Stats().Batchers < before {
 		ps.stopSeen = true
-		sleep(ctx, min(p.pauseHold, time.Until(deadline)))
+		sleep(ctx, min(p.pauseHold, time.Until(end)))
 	}
 	ps.until = time.Since(t0)
 	close(ps.resumed)
+	if ctx.Err() == nil {
+		m := message(audit, "a", "resume", 0)
+		l.wg.Go(func() { l.deliver(audit, m) })
+	}
 }
 
 // start launches every stream and scripted event; they run until ctx ends.

@@ -220,8 +220,12 @@ func (r *report) printEvents(w io.Writer, checks []check) {
 			after = max(after, s.batchers)
 		}
 	}
-	fmt.Fprintf(w, "idle: %s paused %v-%v; its batcher stopped after %v without traffic and started again when it resumed (batchers %d -> %d -> %d)\n",
-		audit.name, ps.from.Round(10*time.Millisecond), ps.until.Round(10*time.Millisecond), r.plan.idleTimeout, before, during, after)
+	again := "started again when it resumed"
+	if after <= during {
+		again = "had not started again by the end"
+	}
+	fmt.Fprintf(w, "idle: %s paused %v-%v; its batcher stopped after %v without traffic and %s (batchers %d -> %d -> %d)\n",
+		audit.name, ps.from.Round(10*time.Millisecond), ps.until.Round(10*time.Millisecond), r.plan.idleTimeout, again, before, during, after)
 }
 
 func (r *report) statsOf(d *destination) *sinkStats {
