@@ -48,8 +48,12 @@ func (c *chaosCodec) SendBatch(ctx context.Context, batch []codec.Message) ([]co
 }
 
 // shortCodec is a real codec whose SendBatch drops the last result: the
-// batcher must answer the batch with codec.ErrResultCount.
+// batcher must answer the batch with codec.ErrResultCount. Its Identity
+// differs from the real codec's: codecs of one identity share a batcher, which
+// sends through whichever of them it met first.
 type shortCodec struct{ realCodec }
+
+func (c shortCodec) Identity() []byte { return append([]byte("short\x00"), c.realCodec.Identity()...) }
 
 func (c shortCodec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
 	res, err := c.realCodec.SendBatch(ctx, batch)
