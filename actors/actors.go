@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -61,6 +60,7 @@ type Instance struct {
 	sup     *supervisor.Supervisor
 	timeout time.Duration
 	metrics *telemetry.OTel // nil without a MeterProvider
+	waiters waiters
 }
 
 // Start starts an instance in system. It returns an error if the config is
@@ -95,6 +95,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		return nil, fmt.Errorf("sinkbatch: Config.MeterProvider and Config.Recorder are both set; set one")
 	}
 	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
+	inst.waiters = waiters{system: system, prefix: "sinkbatch-" + cfg.Name + "$reply"}
 	if cfg.MeterProvider != nil {
 		otel, err := telemetry.New(cfg.MeterProvider, cfg.Name, func() telemetry.Gauges {
 			s := inst.Stats()
@@ -131,10 +132,10 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 // deadline, or DefaultTimeout when ctx has none; if ctx ends first, Deliver
 // returns ctx.Err() and m is never sent unless its batch already left.
 //
-// Deliver is a request-reply like protoactor's RequestFuture, on a reply
-// process of its own: protoactor's Future writes a reply outside its lock, so
-// a reply racing a timeout or a cancel is a data race there (a caller that
-// gives up at its deadline is routine here).
+// Deliver is a request-reply like protoactor's RequestFuture, on reply
+// processes of its own (see waiter): protoactor's Future writes a reply
+// outside its lock, so a reply racing a timeout or a cancel is a data race
+// there, and a caller that gives up at its deadline is routine here.
 func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -150,41 +151,24 @@ func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 		defer t.Stop()
 		timeout = t.C
 	}
-	w := &waiter{answer: make(chan *messages.Delivered, 1)}
-	reg := i.system.ProcessRegistry
-	pid, _ := reg.Add(w, "sinkbatch$"+reg.NextId())
-	defer reg.Remove(pid)
-	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, pid)
+	w := i.waiters.get()
+	sender := w.begin(i.system.Address())
+	defer i.waiters.put(w)
+	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, sender)
 	select {
 	case d := <-w.answer:
 		return d.ID, d.Err
 	case <-ctx.Done():
+		w.abandon(sender)
 		if ctx.Err() == context.Canceled {
 			i.sup.Cancelled(c)
 		}
 		return "", ctx.Err()
 	case <-timeout:
+		w.abandon(sender)
 		return "", fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
 }
-
-// waiter is the reply process of one Deliver call. It takes the first
-// *messages.Delivered and ignores anything after it; once Deliver returns it
-// leaves the registry, which is how a batcher sees that its caller is gone.
-type waiter struct {
-	answer chan *messages.Delivered
-	taken  atomic.Bool
-}
-
-func (w *waiter) SendUserMessage(_ *actor.PID, message any) {
-	if d, ok := actor.UnwrapEnvelopeMessage(message).(*messages.Delivered); ok && w.taken.CompareAndSwap(false, true) {
-		w.answer <- d
-	}
-}
-
-func (w *waiter) SendSystemMessage(*actor.PID, any) {}
-
-func (w *waiter) Stop(*actor.PID) {}
 
 // PID is where actors send *messages.Deliver, with ctx.Request or a future,
 // to be answered with one *messages.Delivered. The PID runs no mailbox of its
@@ -209,6 +193,7 @@ func (i *Instance) Stats() Stats {
 // once; later calls wait for the first.
 func (i *Instance) Stop(ctx context.Context) error {
 	err := i.sup.Stop(ctx)
+	i.waiters.close()
 	if i.metrics != nil {
 		// The gauges stop with the instance; its counters stay exported.
 		_ = i.metrics.Close()

@@ -360,13 +360,24 @@ func tell(system *actor.ActorSystem, pid *actor.PID, msg any) {
 }
 
 // alive reports whether e's caller still waits: a future that timed out or
-// was stopped has left the process registry.
+// was stopped has left the process registry; a Listener says so itself.
 func (b *Batcher) alive(e *entry) bool {
 	if e.sender == nil {
 		return true
 	}
-	_, ok := b.system.ProcessRegistry.Get(e.sender)
+	p, ok := b.system.ProcessRegistry.Get(e.sender)
+	if l, isListener := p.(Listener); ok && isListener {
+		return l.Listening(e.sender)
+	}
 	return ok
+}
+
+// Listener is a reply process that serves many calls, told apart by the
+// sender PID's RequestId (the front door's Deliver pools them). A batcher
+// asks it whether a call still waits instead of relying on the process
+// leaving the registry.
+type Listener interface {
+	Listening(pid *actor.PID) bool
 }
 
 // answerDropped answers the entries the queue dropped: those whose deadline

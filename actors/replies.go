@@ -1,0 +1,109 @@
+package actors
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// maxPooledWaiters bounds the reply processes an instance keeps registered
+// between calls: the peak of concurrent Deliver calls, up to this many.
+const maxPooledWaiters = 1 << 14
+
+// waiter is a reply process for Deliver calls, one call at a time. It stays
+// registered between calls (registering a process per call was a fifth of
+// Deliver's cost); each call is told apart by the RequestId of the sender PID
+// it hands out, so an answer to an abandoned call is dropped, and a batcher
+// asking Listening learns that the call's caller is gone.
+type waiter struct {
+	id     string
+	answer chan *messages.Delivered
+	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
+	seq    uint32        // the last RequestId handed out; only its caller touches it
+}
+
+func (w *waiter) SendUserMessage(pid *actor.PID, message any) {
+	d, ok := actor.UnwrapEnvelopeMessage(message).(*messages.Delivered)
+	if ok && pid.RequestId != 0 && w.call.CompareAndSwap(pid.RequestId, 0) {
+		w.answer <- d
+	}
+}
+
+func (w *waiter) SendSystemMessage(*actor.PID, any) {}
+
+func (w *waiter) Stop(*actor.PID) {}
+
+// Listening reports whether the call pid was handed out for still waits for
+// its answer. Batchers ask it before sending an entry: an abandoned entry is
+// never sent.
+func (w *waiter) Listening(pid *actor.PID) bool {
+	return pid.RequestId != 0 && w.call.Load() == pid.RequestId
+}
+
+// begin starts a call and returns the sender PID to hand out.
+func (w *waiter) begin(address string) *actor.PID {
+	w.seq++
+	if w.seq == 0 {
+		w.seq = 1
+	}
+	w.call.Store(w.seq)
+	return &actor.PID{Address: address, Id: w.id, RequestId: w.seq}
+}
+
+// abandon ends a call that stopped waiting. If its answer was already on its
+// way, it is taken here so that the next call does not read it.
+func (w *waiter) abandon(pid *actor.PID) {
+	if !w.call.CompareAndSwap(pid.RequestId, 0) {
+		<-w.answer
+	}
+}
+
+// waiters is an instance's pool of registered waiters.
+type waiters struct {
+	system *actor.ActorSystem
+	prefix string
+	mu     sync.Mutex
+	free   []*waiter
+	closed bool
+}
+
+func (p *waiters) get() *waiter {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		w := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return w
+	}
+	p.mu.Unlock()
+	reg := p.system.ProcessRegistry
+	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan *messages.Delivered, 1)}
+	reg.Add(w, w.id)
+	return w
+}
+
+func (p *waiters) put(w *waiter) {
+	p.mu.Lock()
+	if !p.closed && len(p.free) < maxPooledWaiters {
+		p.free = append(p.free, w)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+}
+
+// close unregisters the pooled waiters; waiters in use unregister when
+// their call returns.
+func (p *waiters) close() {
+	p.mu.Lock()
+	free := p.free
+	p.free, p.closed = nil, true
+	p.mu.Unlock()
+	for _, w := range free {
+		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+	}
+}
