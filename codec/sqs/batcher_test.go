@@ -81,7 +81,7 @@ func deliverAll(t *testing.T, inst *actors.Instance, c codec.Codec, callers [][]
 func TestThroughBatcher(t *testing.T) {
 	for _, srv := range []struct {
 		name string
-		mk   func(*testing.T) *env
+		mk   func(testing.TB) *env
 	}{{"kumo", newKumo}, {"fauxqs", newFauxqs}} {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Run("Standard", func(t *testing.T) { testThroughBatcherStandard(t, srv.mk(t)) })

@@ -47,7 +47,7 @@ type env struct {
 }
 
 // newKumo starts kumo in-process; it stops with the test.
-func newKumo(t *testing.T) *env {
+func newKumo(t testing.TB) *env {
 	t.Helper()
 	srv := kumo.NewServer()
 	t.Cleanup(srv.Close)
@@ -56,7 +56,7 @@ func newKumo(t *testing.T) *env {
 
 // newFauxqs connects to the fauxqs that .ci/fauxqs/start.sh started, or
 // skips the test.
-func newFauxqs(t *testing.T) *env {
+func newFauxqs(t testing.TB) *env {
 	t.Helper()
 	ep := os.Getenv(fauxqsEnv)
 	if ep == "" {
@@ -68,7 +68,7 @@ func newFauxqs(t *testing.T) *env {
 // newEnv makes the config for endpoint with its own HTTP transport, closed
 // with the test so no idle connection outlives it, and a retryer whose
 // backoff is short enough for fault tests.
-func newEnv(t *testing.T, kind, endpoint string) *env {
+func newEnv(t testing.TB, kind, endpoint string) *env {
 	t.Helper()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
@@ -107,7 +107,7 @@ func fastRetryer() aws.Retryer {
 var queueSeq atomic.Int64
 
 // createQueue makes a fresh queue and returns its URL.
-func (e *env) createQueue(t *testing.T, fifo, cbd bool) string {
+func (e *env) createQueue(t testing.TB, fifo, cbd bool) string {
 	t.Helper()
 	name := fmt.Sprintf("sinkbatch-%d-%d", time.Now().UnixNano()%1e9, queueSeq.Add(1))
 	attrs := map[string]string{}
@@ -255,7 +255,7 @@ func (h *harness) Unreported() []codectest.Field {
 	return f
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c

@@ -22,7 +22,7 @@ func TestKumo(t *testing.T) { testServer(t, newKumo) }
 // .ci/fauxqs/start.sh; it skips when SINKBATCH_FAUXQS_ENDPOINT is unset.
 func TestFauxqs(t *testing.T) { testServer(t, newFauxqs) }
 
-func testServer(t *testing.T, mk func(*testing.T) *env) {
+func testServer(t *testing.T, mk func(testing.TB) *env) {
 	e := mk(t)
 	t.Run("Conformance/Standard", func(t *testing.T) { codectest.Run(t, &harness{env: e}) })
 	t.Run("Conformance/FIFO", func(t *testing.T) { codectest.Run(t, &harness{env: e, fifo: true}) })

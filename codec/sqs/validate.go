@@ -107,30 +107,49 @@ func allowedRune(r rune) bool {
 
 // checkBody returns "" when SQS accepts b as text, or what is wrong.
 func checkBody(b []byte) string {
-	for i, r := range string(b) { // ranging over the conversion does not copy
-		if r == utf8.RuneError {
-			if _, n := utf8.DecodeRune(b[i:]); n <= 1 {
-				return fmt.Sprintf("is not valid UTF-8 at byte %d", i)
+	for i := 0; i < len(b); {
+		if c := b[i]; c < utf8.RuneSelf { // ASCII: most bodies
+			if c < 0x20 && c != 0x9 && c != 0xA && c != 0xD {
+				return fmt.Sprintf("holds %U at byte %d, which SQS refuses", rune(c), i)
 			}
+			i++
+			continue
 		}
-		if !allowedRune(r) {
-			return fmt.Sprintf("holds %U at byte %d, which SQS refuses", r, i)
+		r, n := utf8.DecodeRune(b[i:])
+		if msg := checkRune(r, n, i); msg != "" {
+			return msg
 		}
+		i += n
 	}
 	return ""
 }
 
 // checkText is checkBody for a string.
 func checkText(s string) string {
-	for i, r := range s {
-		if r == utf8.RuneError {
-			if _, n := utf8.DecodeRuneInString(s[i:]); n <= 1 {
-				return fmt.Sprintf("is not valid UTF-8 at byte %d", i)
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c < 0x20 && c != 0x9 && c != 0xA && c != 0xD {
+				return fmt.Sprintf("holds %U at byte %d, which SQS refuses", rune(c), i)
 			}
+			i++
+			continue
 		}
-		if !allowedRune(r) {
-			return fmt.Sprintf("holds %U at byte %d, which SQS refuses", r, i)
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if msg := checkRune(r, n, i); msg != "" {
+			return msg
 		}
+		i += n
+	}
+	return ""
+}
+
+// checkRune checks the non-ASCII rune r of n bytes at byte i.
+func checkRune(r rune, n, i int) string {
+	if r == utf8.RuneError && n <= 1 {
+		return fmt.Sprintf("is not valid UTF-8 at byte %d", i)
+	}
+	if !allowedRune(r) {
+		return fmt.Sprintf("holds %U at byte %d, which SQS refuses", r, i)
 	}
 	return ""
 }
