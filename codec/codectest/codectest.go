@@ -62,6 +62,7 @@ const (
 	FieldOrder
 )
 
+// String is the field's name in Received.
 func (f Field) String() string {
 	switch f {
 	case FieldGroup:

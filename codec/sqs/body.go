@@ -20,6 +20,7 @@ import (
 // closed body as a clean end.
 type readOnlyBodies struct{ next awssqs.HTTPClient }
 
+// Do sends r with its body wrapped.
 func (c readOnlyBodies) Do(r *http.Request) (*http.Response, error) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = readCloser{r.Body}
