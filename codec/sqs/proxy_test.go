@@ -50,6 +50,7 @@ type batchAnswer struct {
 
 type proxy struct {
 	url     string
+	forward http.Handler // to the server, answer rewritten
 	calls   atomic.Int64
 	mu      sync.Mutex
 	fault   fault
@@ -77,6 +78,7 @@ func newProxy(t *testing.T, target string) *proxy {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = tr
+	p.forward = rp
 	rp.ModifyResponse = func(resp *http.Response) error {
 		n, _ := strconv.Atoi(resp.Request.Header.Get("X-Test-Call"))
 		_, rw := p.get()
@@ -272,14 +274,7 @@ func TestFaultLatencyPastDeadline(t *testing.T) {
 
 func TestFaultConnectionReset(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
-		conn, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			panic(err)
-		}
-		_ = conn.(*net.TCPConn).SetLinger(0) // close with RST
-		conn.Close()
-	}), nil)
+	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) { reset(w) }), nil)
 	_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 	requireRetryable(t, err)
 	var api smithy.APIError
@@ -294,12 +289,7 @@ func TestFaultConnectionResetThenSuccess(t *testing.T) {
 		if n > 1 {
 			return false
 		}
-		conn, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			panic(err)
-		}
-		_ = conn.(*net.TCPConn).SetLinger(0)
-		conn.Close()
+		reset(w)
 		return true
 	}, nil)
 	batch := batchOf(runName(t), 0, 5, 1)
@@ -454,6 +444,55 @@ func TestFaultWholeRequestErrors(t *testing.T) {
 			}
 			assert.Contains(t, err.Error(), tt.code)
 			assert.NotContains(t, err.Error(), "secret-test")
+		})
+	}
+}
+
+// reset closes the client's connection with a TCP RST.
+func reset(w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		panic(err)
+	}
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+}
+
+// TestFaultAnswerLostAfterStore: SQS stores the batch, the answer is lost
+// (the connection is reset), the SDK sends the request again. A FIFO queue
+// drops the repeat by deduplication id and answers with the first ids: one
+// copy of each message. A standard queue stores it twice (at least once);
+// every acknowledged message is there, and the idempotency attribute lets a
+// consumer drop the repeats.
+func TestFaultAnswerLostAfterStore(t *testing.T) {
+	for _, fifo := range []bool{true, false} {
+		t.Run(map[bool]string{true: "FIFO", false: "Standard"}[fifo], func(t *testing.T) {
+			f := newFaultEnv(t, fifo)
+			f.proxy.set(func(n int, w http.ResponseWriter, r *http.Request) bool {
+				if n > 1 {
+					return false
+				}
+				f.proxy.forward.ServeHTTP(httptest.NewRecorder(), r) // stored
+				reset(w)                                             // answer lost
+				return true
+			}, nil)
+			batch := batchOf(runName(t), 0, 5, 2)
+			res, err := f.codec.SendBatch(ctx(t), batch)
+			require.NoError(t, err, "the SDK's second attempt is answered")
+			assert.EqualValues(t, 2, f.proxy.calls.Load())
+			got := f.acknowledgedAreStored(t, batch, res)
+			if fifo {
+				assert.Len(t, got, len(batch), "deduplicated")
+				return
+			}
+			assert.Len(t, got, 2*len(batch), "stored twice")
+			keys := map[string]int{}
+			for _, g := range got {
+				keys[g.IdempotencyKey]++
+			}
+			for _, m := range batch {
+				assert.Equal(t, 2, keys[m.IdempotencyKey], "both copies carry the key")
+			}
 		})
 	}
 }
