@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -173,7 +174,9 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 		}
 	}
 	cfg.HTTPClient = &http.Client{Transport: tr}
-	admin := awssqs.NewFromConfig(cfg, func(opt *awssqs.Options) { opt.HTTPClient = &http.Client{Transport: adminTr} })
+	admin := awssqs.NewFromConfig(cfg, func(opt *awssqs.Options) {
+		opt.HTTPClient = readOnlyBodies{&http.Client{Transport: adminTr}}
+	})
 
 	specs := []struct {
 		name, queue, about string
@@ -225,6 +228,22 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 		s.external = append(s.external, fmt.Sprintf("SQS: queues created at %s", o.sqsEndpoint))
 	}
 	return dests, nil
+}
+
+// readOnlyBodies hands net/http request bodies with Read and Close only, as
+// codec/sqs does for its own calls: smithy-go closes a request body once the
+// response headers are in, and net/http's last read of it through WriteTo
+// then fails and closes the connection under the answer being read
+// (aws-sdk-go-v2 issue 2737). The SDK retries that call; for a receive the
+// messages the first attempt took stay in flight. drainQueue copes with that
+// either way; this makes it rare.
+type readOnlyBodies struct{ next *http.Client }
+
+func (c readOnlyBodies) Do(r *http.Request) (*http.Response, error) {
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = struct{ io.ReadCloser }{r.Body}
+	}
+	return c.next.Do(r)
 }
 
 // createQueue creates a queue named name (a FIFO queue if it ends in .fifo)

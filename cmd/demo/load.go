@@ -41,7 +41,6 @@ const (
 // record is one message as its caller saw it. Only its caller writes it;
 // it is read after every caller has returned.
 type record struct {
-	dest     *destination
 	tenant   string
 	group    string
 	key      string
@@ -137,7 +136,7 @@ func message(d *destination, tenant, id string, groups int) codec.Message {
 // deliver sends m until it is accepted, refused for good, or out of
 // attempts, always with the same idempotency key.
 func (l *load) deliver(d *destination, m codec.Message) *record {
-	r := &record{dest: d, tenant: m.Tenant, group: m.Group, key: m.IdempotencyKey, submit: time.Now()}
+	r := &record{tenant: m.Tenant, group: m.Group, key: m.IdempotencyKey, submit: time.Now()}
 	d.mu.Lock()
 	d.records = append(d.records, r)
 	d.mu.Unlock()
@@ -171,7 +170,7 @@ func (l *load) deliver(d *destination, m codec.Message) *record {
 			l.batcherDown.Add(1)
 			d.batcherDown.Add(1)
 		}
-		if !sleep(l.hard, wait) {
+		if r.attempts == maxAttempts || !sleep(l.hard, wait) {
 			break
 		}
 		l.retries.Add(1)
@@ -221,8 +220,12 @@ func (l *load) at(ctx context.Context, offset time.Duration, f func()) {
 	})
 }
 
-// poisonCompanions is how many ordinary messages are sent with the poison.
-const poisonCompanions = 7
+// How many ordinary messages are sent with the poison and with the message
+// that crashes its batcher.
+const (
+	poisonCompanions = 7
+	crashCompanions  = 20
+)
 
 // plan is the load's schedule, in offsets from its start, scaled to the
 // run's duration.
@@ -244,7 +247,7 @@ func newPlan(o options) plan {
 	return plan{
 		poison:      d * 15 / 100,
 		burst:       d * 3 / 10,
-		crash:       d * 5 / 10,
+		crash:       d * 6 / 10,
 		pauseFrom:   d * 3 / 10,
 		pauseHold:   2 * idle,
 		pauseMax:    d * 6 / 10,
@@ -338,7 +341,14 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 	}
 	l.at(ctx, p.burst, func() { l.burst(l.dests[destBurst], p.burstSize) })
 	l.at(ctx, p.crash, func() {
+		// Companions first, so that the batcher holds more than the
+		// marked message when it crashes: each of their callers is
+		// answered ErrBatcherDown too, and retries.
 		events := l.dests[destEvents]
+		for i := range crashCompanions {
+			m := message(events, "c", fmt.Sprint("companion-", i), 0)
+			l.wg.Go(func() { l.deliver(events, m) })
+		}
 		m := message(events, "a", "crash", 0)
 		m.IdempotencyKey = crashKey
 		l.sendSpecial(events, m)

@@ -5,50 +5,60 @@
 // With no flags it needs no network: it starts an SQS-compatible server
 // (kumo) and the Pub/Sub fake (pstest) on 127.0.0.1, an actor system with a
 // slog logger, and one sinkbatch instance with an OpenTelemetry
-// MeterProvider. For -duration (15 s) it drives five destinations:
+// MeterProvider. For -duration (15 s) it drives five destinations, each its
+// own batcher (the demo gives each codec its own Name):
 //
 //	sqs-orders.fifo  a FIFO queue: tenants a, b and c, and "flood" sending
 //	                 several times as much, each with its own message groups
-//	sqs-events       a standard queue with the same tenants; one marked
-//	                 message makes its codec's Size panic once, so its
-//	                 batcher crashes and is restarted mid-run
+//	sqs-events       a standard queue with the same tenants; at 60% one
+//	                 marked message, sent right after twenty others, makes
+//	                 its codec's Size panic, once: the batcher crashes, is
+//	                 restarted, and answers everything it held with
+//	                 messages.ErrBatcherDown
 //	pubsub-orders    a topic whose messages carry ordering keys
-//	pubsub-audit     a topic without ordering keys: one poison message the
-//	                 server refuses with InvalidArgument (the batcher bisects
-//	                 until it stands alone), and a pause in traffic longer
-//	                 than the destination's IdleTimeout (its batcher stops
-//	                 idle and starts again when traffic resumes)
-//	sqs-burst        a queue with a small QueueMax and TenantMax hit by a
-//	                 burst: refusals, retried after their retry-after
+//	pubsub-audit     a topic without ordering keys, IdleTimeout about 1 s:
+//	                 at 15% one poison message, sent with seven companions so
+//	                 that they share a batch, which the server refuses with
+//	                 InvalidArgument (a pstest reactor): the batcher bisects
+//	                 until the poison stands alone, and its caller gets a
+//	                 permanent error; at 30% its traffic pauses until its
+//	                 batcher has stopped idle, and resumes
+//	sqs-burst        a standard queue with QueueMax 64 and TenantMax 40 that
+//	                 a burst of callers hits at 30%: refusals
 //
 // Every message is sent as a dispatch attempt would send it: with an
 // idempotency key; after a *messages.RetryAfterError (once After has passed),
 // messages.ErrBatcherDown or any other retryable error it is sent again with
 // the same key; after a permanent error (codec.IsPermanent) it is not.
 //
-// Each second a progress line goes to stderr. At the end the demo stops the
-// instance (with a deadline, printing the outcome), prints a table per
-// destination — delivered, requests, entries per request, bisections and
-// refusals from the OpenTelemetry SDK, latency from the callers — and one per
-// tenant, reads every destination back and prints:
+// Each second a progress line goes to stderr. When the load ends the callers
+// finish their retries, the instance is stopped with a deadline (its outcome
+// is printed), and the demo prints a table per destination — delivered,
+// requests, entries per request, bisections and refusals as the
+// OpenTelemetry SDK counted them, latency from first attempt to success as
+// the callers saw it — and one per tenant. Then it reads every destination
+// back (SQS: receive and delete until empty; Pub/Sub: the fake's record) and
+// prints
 //
 //	lost: N              acknowledged, but not stored
 //	order violations: N  within a FIFO group or ordering key, a message
 //	                     acknowledged before another of its group was first
 //	                     submitted, yet stored after it
 //	duplicates: N        stored more than once; expected on the standard
-//	                     queue when a message whose answer was lost (the
+//	                     queue when a message whose answer was lost (its
 //	                     batcher crashed, a deadline passed) had been stored:
 //	                     delivery is at least once
 //
-// and exits 1 if lost or order violations is not zero.
+// It exits 1 if lost or order violations is not zero, or if Stop or a read
+// back failed; 2 on bad flags.
 //
 // -metrics-addr serves the instance's metrics in the Prometheus format at
 // /metrics, through the OpenTelemetry Prometheus exporter and a registry of
 // the demo's own. -sqs-queue-url, -sqs-endpoint, -pubsub-topic and
 // -pubsub-endpoint (or $PUBSUB_EMULATOR_HOST) send to real services, or other
 // emulators, instead of the embedded servers, with the SDKs' default
-// credential chains; see the flags' help for what is then read back.
+// credential chains; the output says what could not be read back, and the
+// poison, which needs the embedded server, is then not sent.
 package main
 
 import (
