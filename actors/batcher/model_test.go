@@ -188,7 +188,9 @@ func (m *refModel) take(now int64, alive func(*refEntry) bool) (batch []*refEntr
 // the batch by the lane it stands in: a group's lane fills the batch in its
 // own order, whoever its entries belong to, and the turn passes on; an
 // ungrouped lane starts a batch of ungrouped entries only, taken round-robin
-// over the tenants, passing over those that have none, one lap at most.
+// over the tenants, passing over those that have none, one lap at most. Only
+// an ungrouped batch restarts the linger clock: a group's later entries
+// gather behind its gate.
 func (m *refModel) takeOneGroup(now int64, alive func(*refEntry) bool) (batch []*refEntry, groups []*refLane, dropped []*refEntry) {
 	late := func(e *refEntry) bool { return e.deadline <= now || !alive(e) }
 	drop := func(l *refLane) {
@@ -257,10 +259,12 @@ func (m *refModel) takeOneGroup(now int64, alive func(*refEntry) bool) (batch []
 			m.ring = refRotate(m.ring)
 			m.settle(p)
 		}
+		if len(batch) > 0 {
+			m.lingerFrom = now // only an ungrouped batch restarts the linger clock
+		}
 	}
 	if len(batch) > 0 {
 		m.inflight++
-		m.lingerFrom = now
 	}
 	m.tidy()
 	return batch, groups, dropped

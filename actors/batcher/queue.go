@@ -308,10 +308,16 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 			q.ring = t.next
 			q.settle(p)
 		}
+		if len(batch) > 0 {
+			q.lingerFrom = now
+		}
 	}
+	// A group batch does not restart the linger clock: the group's later
+	// entries gather behind its gate while its request is in flight, and the
+	// other groups' entries, which cannot join this request, have lingered
+	// already.
 	if len(batch) > 0 {
 		q.inflight++
-		q.lingerFrom = now
 	}
 	return batch, groups, dropped
 }
