@@ -212,6 +212,12 @@ func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 func (l *logCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l *logCounter) WithGroup(string) slog.Handler      { return l }
 
+func (l *logCounter) crashReasons() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.crashes...)
+}
+
 func (l *logCounter) unexpected() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
