@@ -81,12 +81,18 @@ func TestRun(t *testing.T) {
 }
 
 // TestMetrics scrapes /metrics while the demo runs and finds the refusals
-// the burst causes.
+// the burst causes. It also runs the -sqs-endpoint mode: the demo creates
+// its queues on an SQS server it did not start, through the AWS default
+// credential chain, and reads them back.
 func TestMetrics(t *testing.T) {
+	awsEnv(t)
+	sqsSrv := kumo.NewServer()
+	defer sqsSrv.Close()
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(context.Background(), append([]string{"-metrics-addr", "127.0.0.1:0"}, testArgs...), &stdout, &stderr)
+		args := append([]string{"-metrics-addr", "127.0.0.1:0", "-sqs-endpoint", sqsSrv.URL}, testArgs...)
+		done <- run(context.Background(), args, &stdout, &stderr)
 	}()
 	addr := regexp.MustCompile(`metrics: serving (http://\S+/metrics)`)
 	var url string
@@ -115,17 +121,18 @@ func TestMetrics(t *testing.T) {
 
 	select {
 	case code := <-done:
-		assert.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+		out := stdout.String()
+		assert.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, stderr.String())
+		assert.Contains(t, out, "SQS: queues created at "+sqsSrv.URL)
+		assert.Contains(t, out, "\nlost: 0\n")
 	case <-time.After(60 * time.Second):
 		t.Fatal("the demo did not end")
 	}
 }
 
-// TestExternal points the demo at servers it did not start, as it would be
-// pointed at real services: an existing queue through the AWS default
-// credential chain, and a topic at an endpoint. Nothing is read back then;
-// the test counts what arrived itself.
-func TestExternal(t *testing.T) {
+// awsEnv gives the AWS default credential chain static credentials and
+// nothing else to find: no files, no instance metadata (no network).
+func awsEnv(t *testing.T) {
 	dir := t.TempDir()
 	for k, v := range map[string]string{
 		"AWS_ACCESS_KEY_ID":           "demo",
@@ -138,6 +145,14 @@ func TestExternal(t *testing.T) {
 	} {
 		t.Setenv(k, v)
 	}
+}
+
+// TestExternal points the demo at servers it did not start, as it would be
+// pointed at real services: an existing queue through the AWS default
+// credential chain, and a topic at an endpoint. Nothing is read back then;
+// the test counts what arrived itself.
+func TestExternal(t *testing.T) {
+	awsEnv(t)
 	sqsSrv := kumo.NewServer()
 	defer sqsSrv.Close()
 	tr := &http.Transport{}
