@@ -89,11 +89,16 @@ func TestMetrics(t *testing.T) {
 	sqsSrv := kumo.NewServer()
 	defer sqsSrv.Close()
 	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
+	var code int
+	finished := make(chan struct{})
 	go func() {
+		defer close(finished)
 		args := append([]string{"-metrics-addr", "127.0.0.1:0", "-sqs-endpoint", sqsSrv.URL}, testArgs...)
-		done <- run(context.Background(), args, &stdout, &stderr)
+		code = run(context.Background(), args, &stdout, &stderr)
 	}()
+	// The run ends by itself; wait for it even when an assertion below
+	// stops the test, so that goleak sees nothing of it.
+	t.Cleanup(func() { <-finished })
 	addr := regexp.MustCompile(`metrics: serving (http://\S+/metrics)`)
 	var url string
 	require.Eventually(t, func() bool {
@@ -120,7 +125,7 @@ func TestMetrics(t *testing.T) {
 	assert.Contains(t, body, "ankusa_sink_batch_flush_requests_total{")
 
 	select {
-	case code := <-done:
+	case <-finished:
 		out := stdout.String()
 		assert.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, stderr.String())
 		assert.Contains(t, out, "SQS: queues created at "+sqsSrv.URL)
