@@ -137,11 +137,27 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 // outside its lock, so a reply racing a timeout or a cancel is a data race
 // there, and a caller that gives up at its deadline is routine here.
 func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) (string, error) {
+	r, err := i.DeliverResult(ctx, c, m)
+	return r.ID, err
+}
+
+// DeliverResult is Deliver returning the destination's whole answer for m:
+// its message id and, where the destination assigns one (SQS FIFO queues),
+// its sequence number. The error is the same as Deliver's; Result.Err is nil.
+func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Message) (codec.Result, error) {
+	d, err := i.deliver(ctx, c, m)
+	if err != nil {
+		return codec.Result{}, err
+	}
+	return codec.Result{ID: d.ID, Sequence: d.Sequence}, nil
+}
+
+func (i *Instance) deliver(ctx context.Context, c codec.Codec, m codec.Message) (*messages.Delivered, error) {
 	if err := ctx.Err(); err != nil {
-		return "", err
+		return nil, err
 	}
 	if i.sup.Stopping() {
-		return "", messages.ErrStopped
+		return nil, messages.ErrStopped
 	}
 	deadline, hasDeadline := ctx.Deadline()
 	var timeout <-chan time.Time
@@ -157,16 +173,19 @@ func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, sender)
 	select {
 	case d := <-w.answer:
-		return d.ID, d.Err
+		if d.Err != nil {
+			return nil, d.Err
+		}
+		return d, nil
 	case <-ctx.Done():
 		w.abandon(sender)
 		if ctx.Err() == context.Canceled {
 			i.sup.Cancelled(c)
 		}
-		return "", ctx.Err()
+		return nil, ctx.Err()
 	case <-timeout:
 		w.abandon(sender)
-		return "", fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
+		return nil, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
 }
 

@@ -45,3 +45,25 @@ func TestEveryCallerGetsItsOwnResult(t *testing.T) {
 	}
 	assert.Less(t, c.Requests(), int64(500), "deliveries were batched")
 }
+
+func TestDeliverResultCarriesTheSequenceNumber(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "seq"})
+	c := fakecodec.New("q", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	c.Tune.Linger = time.Millisecond
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		res := make([]codec.Result, len(batch))
+		for i, m := range batch {
+			res[i] = codec.Result{ID: "id-" + string(m.Body), Sequence: "seq-" + string(m.Body)}
+			if string(m.Body) == "bad" {
+				res[i] = codec.Result{Err: &codec.EntryError{Code: "InvalidMessageContents", Permanent: true}}
+			}
+		}
+		return res, nil
+	}
+	r, err := inst.DeliverResult(context.Background(), c, codec.Message{Group: "g", Body: []byte("7")})
+	require.NoError(t, err)
+	assert.Equal(t, codec.Result{ID: "id-7", Sequence: "seq-7"}, r)
+	r, err = inst.DeliverResult(context.Background(), c, codec.Message{Group: "g", Body: []byte("bad")})
+	assert.True(t, codec.IsPermanent(err))
+	assert.Equal(t, codec.Result{}, r)
+}
