@@ -59,6 +59,9 @@ type destination struct {
 	// it stored them; nil when it cannot be read back.
 	readBack func(ctx context.Context) ([]stored, error)
 	noRead   string // why it is not read back
+	// wireRequests counts the requests the server got, where the demo
+	// can see them (the embedded Pub/Sub server); nil elsewhere.
+	wireRequests func() int
 
 	refused     atomic.Int64 // RetryAfterError answers the callers got
 	batcherDown atomic.Int64 // ErrBatcherDown answers the callers got
@@ -104,10 +107,11 @@ func (c *crashOnce) Size(m codec.Message) int {
 // servers holds what the demo started and must stop: the embedded servers,
 // HTTP transports and Pub/Sub connections.
 type servers struct {
-	kumo     *kumo.Server
-	pstest   *pstest.Server
-	closers  []func()
-	external []string // lines saying which real services are used
+	kumo      *kumo.Server
+	pstest    *pstest.Server
+	publishes *publishReactor // pstest's
+	closers   []func()
+	external  []string // lines saying which real services are used
 }
 
 func (s *servers) close() {
@@ -371,19 +375,33 @@ func inQueue(ctx context.Context, admin *awssqs.Client, url string) (int, error)
 	return n, nil
 }
 
-// poisonReactor makes the embedded Pub/Sub server refuse, with
-// InvalidArgument, any Publish that holds a message marked poison. It runs
-// under the server's lock and so never calls back into the server.
-type poisonReactor struct{ refused atomic.Int64 }
+// publishReactor sees every Publish the embedded Pub/Sub server gets: it
+// counts them per topic, and refuses with InvalidArgument any that holds a
+// message marked poison. It runs under the server's lock and so never calls
+// back into the server.
+type publishReactor struct {
+	mu    sync.Mutex
+	calls map[string]int // by topic
+}
 
-func (p *poisonReactor) React(req any) (bool, any, error) {
-	for _, m := range req.(*pubsubpb.PublishRequest).GetMessages() {
+func (p *publishReactor) React(req any) (bool, any, error) {
+	r := req.(*pubsubpb.PublishRequest)
+	p.mu.Lock()
+	p.calls[r.GetTopic()]++
+	p.mu.Unlock()
+	for _, m := range r.GetMessages() {
 		if m.GetAttributes()[attrPoison] == "true" {
-			p.refused.Add(1)
 			return true, nil, status.Error(codes.InvalidArgument, "demo: this request holds the poison message")
 		}
 	}
 	return false, nil, nil
+}
+
+// publishes is how many Publish calls topic got.
+func (p *publishReactor) publishes(topic string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls[topic]
 }
 
 // setUpPubSub returns the pubsub-orders and pubsub-audit destinations.
@@ -404,8 +422,9 @@ func setUpPubSub(ctx context.Context, o options, s *servers, idleTimeout time.Du
 		if o.pubsubTopic == "" {
 			if s.pstest == nil {
 				// NewServer would listen on "localhost", which may be ::1.
+				s.publishes = &publishReactor{calls: map[string]int{}}
 				s.pstest = pstest.NewServerWithAddress("127.0.0.1:0",
-					pstest.ServerReactorOption{FuncName: "Publish", Reactor: &poisonReactor{}})
+					pstest.ServerReactorOption{FuncName: "Publish", Reactor: s.publishes})
 				srv := s.pstest
 				s.closers = append(s.closers, func() { _ = srv.Close() })
 			}
@@ -414,7 +433,8 @@ func setUpPubSub(ctx context.Context, o options, s *servers, idleTimeout time.Du
 			if _, err := s.pstest.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: cfg.Topic}); err != nil {
 				return nil, fmt.Errorf("create topic %s: %w", cfg.Topic, err)
 			}
-			srv, topic := s.pstest, cfg.Topic
+			srv, topic, reactor := s.pstest, cfg.Topic, s.publishes
+			d.wireRequests = func() int { return reactor.publishes(topic) }
 			d.readBack = func(context.Context) ([]stored, error) {
 				var out []stored
 				for _, m := range srv.Messages() { // in publish order

@@ -85,7 +85,14 @@ func (r *report) print(ctx context.Context, w io.Writer) bool {
 	}
 	_ = tw.Flush()
 	for _, d := range r.dests {
-		fmt.Fprintf(w, "  %-16s %s\n", d.name, d.about)
+		fmt.Fprintf(w, "  %-16s %s", d.name, d.about)
+		if d.wireRequests != nil {
+			// Counted at the wire: a check on the SDK's count, which
+			// is of requests as the batcher made them (a codec could
+			// split a batch into several calls).
+			fmt.Fprintf(w, "; the server got %d Publish calls", d.wireRequests())
+		}
+		fmt.Fprintln(w)
 	}
 
 	r.printTenants(w)
