@@ -163,7 +163,8 @@ func startMonitor(inst *actors.Instance, l *load, w io.Writer, start time.Time) 
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		last, lastAt := int64(0), start
-		for n := 1; ; n++ {
+		next := start.Add(time.Second) // when the next progress line is due
+		for {
 			select {
 			case <-m.done:
 				m.stopped <- samples
@@ -171,8 +172,11 @@ func startMonitor(inst *actors.Instance, l *load, w io.Writer, start time.Time) 
 			case now := <-tick.C:
 				s := inst.Stats()
 				samples = append(samples, sample{at: now.Sub(start), batchers: s.Batchers})
-				if n%10 != 0 {
+				if now.Before(next) {
 					continue
+				}
+				for !now.Before(next) {
+					next = next.Add(time.Second)
 				}
 				delivered := l.delivered.Load()
 				rate := float64(delivered-last) / now.Sub(lastAt).Seconds()
