@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -61,6 +62,7 @@ type Instance struct {
 	timeout time.Duration
 	metrics *telemetry.OTel // nil without a MeterProvider
 	waiters waiters
+	started atomic.Pointer[supervisor.Supervisor] // sup, for the gauge callback
 }
 
 // Start starts an instance in system. It returns an error if the config is
@@ -97,8 +99,14 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
 	inst.waiters = waiters{system: system, prefix: "sinkbatch-" + cfg.Name + "$reply"}
 	if cfg.MeterProvider != nil {
+		// The gauges may be collected before Start has set inst.sup: they
+		// read it through an atomic pointer and report zero until then.
 		otel, err := telemetry.New(cfg.MeterProvider, cfg.Name, func() telemetry.Gauges {
-			s := inst.Stats()
+			sup := inst.started.Load()
+			if sup == nil {
+				return telemetry.Gauges{}
+			}
+			s := sup.Stats()
 			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes}
 		})
 		if err != nil {
@@ -123,6 +131,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	inst.sup = sup
+	inst.started.Store(sup)
 	return inst, nil
 }
 

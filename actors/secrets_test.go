@@ -132,3 +132,37 @@ func TestCredentialsNeverLeak(t *testing.T) {
 	assert.Contains(t, strings.Join(attrs, "\n"), "reason=", "a refusal was recorded")
 	assert.Contains(t, strings.Join(names, "\n"), "sinkbatch-leak/sqs-", "the batcher's name was read")
 }
+
+// TestGaugesMayBeCollectedDuringStart collects metrics while instances start
+// and stop: the gauge callback is registered before Start returns.
+func TestGaugesMayBeCollectedDuringStart(t *testing.T) {
+	system := quietSystem()
+	defer system.Shutdown()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	done := make(chan struct{})
+	collected := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-done:
+				collected <- n
+				return
+			default:
+			}
+			var rm metricdata.ResourceMetrics
+			if reader.Collect(context.Background(), &rm) == nil {
+				n++
+			}
+		}
+	}()
+	for i := range 20 {
+		inst, err := actors.Start(system, actors.Config{Name: fmt.Sprint("gauges", i), MeterProvider: mp})
+		require.NoError(t, err)
+		require.NoError(t, inst.Stop(context.Background()))
+	}
+	close(done)
+	assert.Positive(t, <-collected)
+}

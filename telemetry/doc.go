@@ -82,7 +82,7 @@
 // prometheus.DefaultRegisterer, a global; pass a registry as above. The
 // exporter rewrites names in Prometheus style: dots become underscores, a
 // known unit adds a suffix unless the name already ends with it, and counters
-// end in _total. With the exporter version in go.mod (v0.44.0) that gives,
+// end in _total. With the exporter version in go.mod (v0.69.0) that gives,
 // for example, ankusa_sink_batch_flush_duration_seconds_bucket,
 // ankusa_sink_batch_flush_bytes_bucket, ankusa_sink_batch_queued_bytes and
 // ankusa_sink_batch_refused_total; units in braces such as {entry} add no

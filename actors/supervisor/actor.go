@@ -126,7 +126,11 @@ func (s *Supervisor) terminated(ctx actor.Context, who *actor.PID) {
 	}
 	held := s.retireLocked(rt)
 	rt.mu.Unlock()
-	s.log.Info("sinkbatch: batcher stopped idle", slog.String("destination", rt.name))
+	if rt.idleStopping {
+		s.log.Info("sinkbatch: batcher stopped idle", slog.String("destination", rt.name))
+	} else {
+		s.log.Debug("sinkbatch: batcher stopped", slog.String("destination", rt.name))
+	}
 	s.counters.Batchers.Add(-1)
 	s.answer(held, messages.ErrStopped)
 	s.checkDrained()
