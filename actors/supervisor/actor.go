@@ -206,11 +206,11 @@ func (s *Supervisor) checkDrained() {
 type restartAlways struct{ s *Supervisor }
 
 func (r *restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason any, _ any) {
-	name := child.Id
+	name, sink := child.Id, ""
 	if rt := r.s.children[child.Id]; rt != nil {
-		name = rt.name
+		name, sink = rt.name, rt.codec.Name()
 	}
 	r.s.log.Warn("sinkbatch: batcher crashed; restarting it",
-		slog.String("destination", name), slog.String("reason", fmt.Sprint(reason)))
+		slog.String("sink", sink), slog.String("destination", name), slog.String("reason", fmt.Sprint(reason)))
 	sup.RestartChildren(child)
 }
