@@ -336,7 +336,7 @@ func (e *sqsEnv) readBack(t *testing.T, queueURL string, bound int) []stored {
 		m, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
 		return n + m
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // for invisible messages to come back
 	for i := 0; i < bound/10+1000; i++ {
 		out, err := e.admin.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(queueURL),
@@ -360,6 +360,7 @@ func (e *sqsEnv) readBack(t *testing.T, queueURL string, bound int) []stored {
 			require.True(t, time.Now().Before(deadline), "queue %s: messages stay invisible", queueURL)
 			continue
 		}
+		deadline = time.Now().Add(30 * time.Second)
 		del := make([]types.DeleteMessageBatchRequestEntry, 0, len(out.Messages))
 		for i, m := range out.Messages {
 			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})

@@ -561,6 +561,15 @@ func TestChaosSoak(t *testing.T) {
 	assert.Positive(t, logs.restarts.Load(), "no batcher crashed")
 	assert.Positive(t, logs.idleStops.Load(), "no batcher stopped idle")
 	assert.Positive(t, s.refusals.Load(), "no queue bound refused a delivery")
+	assert.Positive(t, sendPanics, "no SendBatch panicked")
+	for name, n := range map[string]int64{
+		"SQS 500": sqsFaults.Struck.ServerError.Load(), "SQS throttling": sqsFaults.Struck.Throttle.Load(),
+		"SQS reset": sqsFaults.Struck.ResetBefore.Load() + sqsFaults.Struck.ResetAfter.Load(), "SQS delay": sqsFaults.Struck.LongDelay.Load(),
+		"SQS poison": sqsFaults.Struck.Poison.Load(), "Pub/Sub Unavailable": psFaults.Struck.Unavailable.Load(),
+		"Pub/Sub delay": psFaults.Struck.LongDelay.Load(), "Pub/Sub poison": psFaults.Struck.Poison.Load(),
+	} {
+		assert.Positive(t, n, "no %s was injected", name)
+	}
 	if *soakFor == 0 {
 		assert.GreaterOrEqual(t, len(s.records), *soakN, "too few messages")
 	}
