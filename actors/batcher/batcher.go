@@ -281,13 +281,17 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 	report.Requests, _ = b.bisect(ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
-	if f.claimed.CompareAndSwap(false, true) {
+	// The batcher learns first that the slot is free and the groups may send
+	// again: the destination has answered, so the order holds, and the next
+	// request need not wait for every caller's wake-up.
+	claimed := f.claimed.CompareAndSwap(false, true)
+	tell(b.system, b.self, &done{batch: f})
+	if claimed {
 		for i, e := range f.entries {
 			b.reply(e.sender, e.deliver, results[i])
 		}
 	}
 	b.p.Recorder.Flushed(report)
-	tell(b.system, b.self, &done{batch: f})
 }
 
 // bisect sends msgs and writes one result per message into out. When the
