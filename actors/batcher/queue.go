@@ -190,22 +190,15 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 	if q.s.oneGroup {
 		return q.takeOneGroup(now, alive)
 	}
-	bytes := 0
-	for len(batch) < q.s.maxEntries && q.ring != nil {
+	b := batchBuilder{now: now, alive: alive}
+	for len(b.batch) < q.s.maxEntries && q.ring != nil {
 		t := q.ring
 		l := t.lanes
-		e := l.entries[l.head]
-		if e.deadline <= now || !alive(e) {
-			q.remove(e)
-			dropped = append(dropped, e)
+		if took, full := q.offer(&b, l); full {
+			break
+		} else if !took {
 			continue
 		}
-		if bytes+e.size > q.s.maxBytes {
-			break
-		}
-		q.pop(l)
-		batch = append(batch, e)
-		bytes += e.size
 		if l.grouped && !l.inBatch {
 			l.inBatch = true
 			groups = append(groups, l)
@@ -222,11 +215,40 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 		l.inBatch = false
 		q.gate(l)
 	}
-	if len(batch) > 0 {
+	if len(b.batch) > 0 {
 		q.inflight++
 		q.lingerFrom = now
 	}
-	return batch, groups, dropped
+	return b.batch, groups, b.dropped
+}
+
+// batchBuilder is a batch being taken.
+type batchBuilder struct {
+	now     int64
+	alive   func(*entry) bool
+	batch   []*entry
+	dropped []*entry
+	bytes   int
+}
+
+// offer looks at l's head, which must be live: an abandoned head is removed
+// into b.dropped; a head that would take the batch past MaxBytes is left
+// where it is (full); any other is popped into the batch (took).
+func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
+	e := l.entries[l.head]
+	if e.deadline <= b.now || !b.alive(e) {
+		q.remove(e)
+		b.dropped = append(b.dropped, e)
+		return false, false
+	}
+	if b.bytes+e.size > q.s.maxBytes {
+		return false, true
+	}
+	q.pop(l)
+	l.skipDead()
+	b.batch = append(b.batch, e)
+	b.bytes += e.size
+	return true, false
 }
 
 // takeOneGroup is take for destinations whose requests hold one group: the
@@ -235,6 +257,7 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 // round-robin across the tenants' ungrouped lanes, passing over tenants that
 // have none ready (at most one lap without taking anything).
 func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
+	b := batchBuilder{now: now, alive: alive}
 	for q.ring != nil { // drop abandoned heads until one decides the group
 		l := q.ring.lanes
 		e := l.entries[l.head]
@@ -242,29 +265,18 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 			break
 		}
 		q.remove(e)
-		dropped = append(dropped, e)
+		b.dropped = append(b.dropped, e)
 	}
 	if q.ring == nil {
-		return nil, nil, dropped
+		return nil, nil, b.dropped
 	}
-	bytes := 0
 	t := q.ring
 	if l := t.lanes; l.grouped {
 		l.inBatch = true
-		for len(batch) < q.s.maxEntries && l.live > 0 {
-			e := l.entries[l.head]
-			if e.deadline <= now || !alive(e) {
-				q.remove(e)
-				dropped = append(dropped, e)
-				continue
-			}
-			if bytes+e.size > q.s.maxBytes {
+		for len(b.batch) < q.s.maxEntries && l.live > 0 {
+			if _, full := q.offer(&b, l); full {
 				break
 			}
-			q.pop(l)
-			l.skipDead()
-			batch = append(batch, e)
-			bytes += e.size
 		}
 		// The turn passes on, to t's next lane and the next tenant.
 		if l.owner == t {
@@ -274,14 +286,14 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 			q.ring = t.next
 		}
 		l.inBatch = false
-		if len(batch) == 0 { // every entry was abandoned: nothing to gate
+		if len(b.batch) == 0 { // every entry was abandoned: nothing to gate
 			q.settle(l)
 		} else {
 			q.gate(l)
 			groups = []*lane{l}
 		}
 	} else {
-		for misses := 0; len(batch) < q.s.maxEntries && q.ring != nil && misses < q.ringLen; {
+		for misses := 0; len(b.batch) < q.s.maxEntries && q.ring != nil && misses < q.ringLen; {
 			t := q.ring
 			p := &t.plain
 			if p.owner != t {
@@ -289,18 +301,11 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 				misses++
 				continue
 			}
-			e := p.entries[p.head]
-			if e.deadline <= now || !alive(e) {
-				q.remove(e)
-				dropped = append(dropped, e)
+			if took, full := q.offer(&b, p); full {
+				break
+			} else if !took {
 				continue
 			}
-			if bytes+e.size > q.s.maxBytes {
-				break
-			}
-			q.pop(p)
-			batch = append(batch, e)
-			bytes += e.size
 			misses = 0
 			if t.lanes == p {
 				t.lanes = p.next
@@ -308,7 +313,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 			q.ring = t.next
 			q.settle(p)
 		}
-		if len(batch) > 0 {
+		if len(b.batch) > 0 {
 			q.lingerFrom = now
 		}
 	}
@@ -316,10 +321,10 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 	// entries gather behind its gate while its request is in flight, and the
 	// other groups' entries, which cannot join this request, have lingered
 	// already.
-	if len(batch) > 0 {
+	if len(b.batch) > 0 {
 		q.inflight++
 	}
-	return batch, groups, dropped
+	return b.batch, groups, b.dropped
 }
 
 // complete ends a request taken by take: its groups may send again.
