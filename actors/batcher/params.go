@@ -85,28 +85,24 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	case t.IdleTimeout < 0:
 		return bad("IdleTimeout", t.IdleTimeout, "is negative")
 	}
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&t.MaxEntries, lim.MaxEntries)
-	def(&t.MaxBytes, lim.MaxBytes)
-	def(&t.MaxInflight, sinkConcurrency)
-	def(&t.QueueMax, codec.DefaultQueueMax)
-	def(&t.TenantMax, codec.DefaultTenantMax)
-	if t.QueueMaxBytes == 0 {
-		t.QueueMaxBytes = codec.DefaultQueueMaxBytes
-	}
-	defDur(&t.Linger, codec.DefaultLinger)
-	defDur(&t.RetryAfterMax, codec.DefaultRetryAfterMax)
-	defDur(&t.IdleTimeout, codec.DefaultIdleTimeout)
+	orDefault(&t.MaxEntries, lim.MaxEntries)
+	orDefault(&t.MaxBytes, lim.MaxBytes)
+	orDefault(&t.MaxInflight, sinkConcurrency)
+	orDefault(&t.QueueMax, codec.DefaultQueueMax)
+	orDefault(&t.TenantMax, codec.DefaultTenantMax)
+	orDefault(&t.QueueMaxBytes, codec.DefaultQueueMaxBytes)
+	orDefault(&t.Linger, codec.DefaultLinger)
+	orDefault(&t.RetryAfterMax, codec.DefaultRetryAfterMax)
+	orDefault(&t.IdleTimeout, codec.DefaultIdleTimeout)
 	return t, nil
+}
+
+// orDefault sets a zero *v to d.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }
 
 func settingsOf(t codec.Tuning, oneGroup bool) settings {
