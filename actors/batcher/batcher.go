@@ -281,16 +281,17 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 	report.Requests, _ = b.bisect(ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
-	// The batcher learns first that the slot is free and the groups may send
-	// again: the destination has answered, so the order holds, and the next
-	// request need not wait for every caller's wake-up.
+	// The callers first, then the batcher: the goroutine woken last runs
+	// next on this processor (Go's runnext), and the batcher is the one that
+	// starts the next request. Measured: 0.82 of the bound against 0.77 the
+	// other way round (BenchmarkBound, L=2ms, N=32).
 	claimed := f.claimed.CompareAndSwap(false, true)
-	tell(b.system, b.self, &done{batch: f})
 	if claimed {
 		for i, e := range f.entries {
 			b.reply(e.sender, e.deliver, results[i])
 		}
 	}
+	tell(b.system, b.self, &done{batch: f})
 	b.p.Recorder.Flushed(report)
 }
 
