@@ -499,6 +499,28 @@ func TestBisectionStopsAtAFailedHalf(t *testing.T) {
 	assert.Equal(t, int64(2), c.Requests(), "the refused request and its first half; the second half was not sent")
 }
 
+// A caller whose deadline passes while its entry is in a request is
+// answered then, not when the request ends; its batch mates are not.
+func TestCallerInARequestIsAnsweredAtItsDeadline(t *testing.T) {
+	system, inst := start(t, actors.Config{Name: "inflight-deadline"})
+	c, v := valved("q", codec.Limits{MaxEntries: 2, MaxBytes: 1 << 20}, codec.Tuning{Linger: time.Hour})
+	patient := deliverAsync(inst, c, msg("a", "", "patient"), 30*time.Second)
+	f := system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: msg("b", "", "hasty"),
+		Deadline: time.Now().Add(100 * time.Millisecond), Ref: "hasty"}, 30*time.Second)
+	res, err := f.Result() // the request is held open: only the deadline can answer this
+	require.NoError(t, err)
+	d := res.(*messages.Delivered)
+	assert.Equal(t, "hasty", d.Ref)
+	require.ErrorIs(t, d.Err, context.DeadlineExceeded)
+	assert.Contains(t, d.Err.Error(), "may have been stored")
+	assert.False(t, codec.IsPermanent(d.Err))
+	assert.Equal(t, int64(1), v.entered.Load(), "both were in the request")
+	v.Open()
+	r := await(t, patient)
+	assert.NoError(t, r.err)
+	assert.NotEmpty(t, r.id)
+}
+
 // panicky crashes the batcher when Size sees "boom".
 type panicky struct{ *fakecodec.Codec }
 

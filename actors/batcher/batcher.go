@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -43,18 +43,21 @@ type tick struct{}
 // done reports that a request goroutine has finished its batch.
 type done struct{ batch *inflight }
 
-// inflight is a batch whose request is running. Its callers are answered
-// exactly once, by whoever first sets claimed: the request goroutine with the
-// results, or the batcher when it restarts or aborts.
+// inflight is a batch whose request is running. Each of its callers is
+// answered exactly once, by whoever first claims its entry: the request
+// goroutine with the result; the batcher when the caller's deadline passes
+// first, or when it restarts or aborts.
 type inflight struct {
-	claimed atomic.Bool
 	entries []*entry
 	groups  []*lane
 	epoch   uint64
 	cancel  context.CancelFunc
 }
 
-var errExpired = fmt.Errorf("sinkbatch: the deadline passed before the message was sent: %w", context.DeadlineExceeded)
+var (
+	errExpired         = fmt.Errorf("sinkbatch: the deadline passed before the message was sent: %w", context.DeadlineExceeded)
+	errExpiredInFlight = fmt.Errorf("sinkbatch: the deadline passed while the message's request was in flight; it may have been stored: %w", context.DeadlineExceeded)
+)
 
 // Props returns the props of a batcher for p's destination. Its mailbox
 // lets request results and ticks pass the deliveries waiting in it: a result
@@ -91,8 +94,10 @@ type Batcher struct {
 	q         *queue
 	epoch     uint64
 	running   map[*inflight]struct{}
-	aliveFn   func(*entry) bool
-	tickMsg   *tick
+	// no unanswered entry in a request has an earlier deadline; MaxInt64: none
+	inflightDeadline int64
+	aliveFn          func(*entry) bool
+	tickMsg          *tick
 
 	now          int64 // Unix nanoseconds at the start of the message being handled
 	timer        *time.Timer
@@ -160,6 +165,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.p.epochs++
 	b.epoch = b.p.epochs
 	b.running = make(map[*inflight]struct{})
+	b.inflightDeadline = math.MaxInt64
 	b.aliveFn = b.alive
 	b.tickMsg = &tick{}
 	if b.epoch == 1 {
@@ -230,9 +236,15 @@ func (b *Batcher) settle(ctx actor.Context) {
 	if b.q.queued > 0 && b.now >= b.q.minDeadline {
 		b.answerDropped(b.q.sweep(b.now, b.aliveFn))
 	}
+	if b.now >= b.inflightDeadline {
+		b.expireInFlight()
+	}
 	b.publish()
 
 	wake := b.q.wake()
+	if len(b.running) > 0 && b.inflightDeadline != math.MaxInt64 && (wake == 0 || b.inflightDeadline < wake) {
+		wake = b.inflightDeadline
+	}
 	if b.q.queued > 0 || b.q.inflight > 0 {
 		b.idleSince, b.idleReported = 0, false
 	} else if b.draining {
@@ -268,6 +280,9 @@ func (b *Batcher) launch(entries []*entry, groups []*lane, trigger telemetry.Tri
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, deadline))
 	f := &inflight{entries: entries, groups: groups, epoch: b.epoch, cancel: cancel}
 	b.running[f] = struct{}{}
+	for _, e := range entries {
+		b.inflightDeadline = min(b.inflightDeadline, e.deadline)
+	}
 	b.p.Requests.Add(1)
 	go b.run(ctx, f, msgs, telemetry.Flush{Trigger: trigger, Entries: len(entries), Bytes: bytes})
 }
@@ -285,9 +300,8 @@ func (b *Batcher) run(ctx context.Context, f *inflight, msgs []codec.Message, re
 	// next on this processor (Go's runnext), and the batcher is the one that
 	// starts the next request. Measured: 0.82 of the bound against 0.77 the
 	// other way round (BenchmarkBound, L=2ms, N=32).
-	claimed := f.claimed.CompareAndSwap(false, true)
-	if claimed {
-		for i, e := range f.entries {
+	for i, e := range f.entries {
+		if e.claimed.CompareAndSwap(false, true) {
 			b.reply(e.sender, e.deliver, results[i])
 		}
 	}
@@ -396,6 +410,30 @@ func (b *Batcher) answerDropped(dropped []*entry) {
 	}
 }
 
+// expireInFlight answers the callers whose deadline has passed while their
+// entry is in a request: a caller is never answered later than its deadline,
+// though the request cannot be recalled (the message may be stored; a retry
+// with the same idempotency key is safe). It costs O(entries in flight) and
+// runs only when the earliest such deadline has passed.
+func (b *Batcher) expireInFlight() {
+	next := int64(math.MaxInt64)
+	for f := range b.running {
+		for _, e := range f.entries {
+			if e.claimed.Load() {
+				continue
+			}
+			if e.deadline <= b.now {
+				if e.claimed.CompareAndSwap(false, true) {
+					b.reply(e.sender, e.deliver, codec.Result{Err: errExpiredInFlight})
+				}
+				continue
+			}
+			next = min(next, e.deadline)
+		}
+	}
+	b.inflightDeadline = next
+}
+
 // answerAll answers every caller the batcher holds with err: the delivery
 // being handled, every queued entry, and every request in flight, whose late
 // result is then ignored.
@@ -411,8 +449,8 @@ func (b *Batcher) answerAll(err error) {
 		b.reply(e.sender, e.deliver, codec.Result{Err: err})
 	}
 	for f := range b.running {
-		if f.claimed.CompareAndSwap(false, true) {
-			for _, e := range f.entries {
+		for _, e := range f.entries {
+			if e.claimed.CompareAndSwap(false, true) {
 				b.reply(e.sender, e.deliver, codec.Result{Err: err})
 			}
 		}

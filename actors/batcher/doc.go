@@ -13,10 +13,12 @@
 //
 // Everything in Batcher is touched only from Receive, except the fields the
 // request goroutines read, which Started sets and nothing changes after. A
-// batch's callers are answered exactly once, by whoever first claims the
-// batch: its request goroutine with the results, or the batcher when it
-// restarts, aborts or stops (protoactor races on a second reply to a
-// future). Results of a crashed incarnation carry its epoch and are ignored.
+// caller whose entry is in a request is answered exactly once, by whoever
+// first claims the entry: the request goroutine with the result, or the
+// batcher when the caller's deadline passes first (the message may still be
+// stored) or when it restarts, aborts or stops (protoactor races on a second
+// reply to a future). Results of a crashed incarnation carry its epoch and
+// are ignored.
 //
 // # Messages
 //

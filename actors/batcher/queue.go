@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"math"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -24,6 +25,9 @@ type entry struct {
 	tenant   *tenant
 	lane     *lane
 	dead     bool // removed from the queue while still in its lane's slice
+	// claimed is set by whoever answers the entry once it is in a request:
+	// the request goroutine, or the batcher (deadline, restart, abort).
+	claimed atomic.Bool
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
