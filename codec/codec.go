@@ -78,6 +78,10 @@ const (
 // not change its Identity, Limits or Tuning after its first delivery: the
 // batcher caches them per codec value. Pointer codecs are cheapest to route.
 //
+// Codec values with the same Name and Identity are one destination: they
+// share a batcher, which sends through the value that started it. A wrapper
+// that changes what SendBatch does must therefore change Identity too.
+//
 // All methods must be safe for concurrent use: SendBatch runs on its own
 // goroutine while the batcher calls Size.
 type Codec interface {
