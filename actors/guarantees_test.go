@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"strings"
@@ -686,9 +685,7 @@ func TestBadCodecsAreRefusedAtOnce(t *testing.T) {
 }
 
 func TestStartRefusesBadConfig(t *testing.T) {
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}))
+	system := quietSystem()
 	defer system.Shutdown()
 	for _, cfg := range []actors.Config{{Name: "has space"}, {SinkConcurrency: -1}, {DefaultTimeout: -time.Second}} {
 		_, err := actors.Start(system, cfg)

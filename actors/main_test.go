@@ -1,17 +1,13 @@
 package actors_test
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 func TestMain(m *testing.M) {
@@ -22,25 +18,11 @@ func TestMain(m *testing.M) {
 }
 
 // quietSystem is an actor system whose own logs are discarded.
-func quietSystem() *actor.ActorSystem {
-	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}))
-}
+func quietSystem() *actor.ActorSystem { return testinst.System() }
 
 // start runs an instance for one test and stops it at the end, checking that
 // Stop answers everything and leaves the counters at zero.
 func start(t testing.TB, cfg actors.Config) (*actor.ActorSystem, *actors.Instance) {
 	t.Helper()
-	system := quietSystem()
-	inst, err := actors.Start(system, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, inst.Stop(ctx))
-		require.Equal(t, actors.Stats{}, inst.Stats())
-		system.Shutdown()
-	})
-	return system, inst
+	return testinst.Start(t, cfg)
 }

@@ -5,15 +5,12 @@ package pubsub_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"sync"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -21,23 +18,14 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 // startInstance runs a sinkbatch instance for one test and stops it at the
 // end.
 func startInstance(t testing.TB) *actors.Instance {
 	t.Helper()
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}))
-	inst, err := actors.Start(system, actors.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, inst.Stop(ctx))
-		system.Shutdown()
-	})
+	_, inst := testinst.Start(t, actors.Config{})
 	return inst
 }
 
