@@ -61,29 +61,29 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	bad := func(field string, v any, why string) (codec.Tuning, error) {
 		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Tuning.%s %v %s", c.Name(), field, v, why)
 	}
-	switch {
-	case t.MaxEntries < 0:
-		return bad("MaxEntries", t.MaxEntries, "is negative")
-	case t.MaxEntries > lim.MaxEntries:
-		return bad("MaxEntries", t.MaxEntries, fmt.Sprintf("is above the destination's limit %d", lim.MaxEntries))
-	case t.MaxBytes < 0:
-		return bad("MaxBytes", t.MaxBytes, "is negative")
-	case t.MaxBytes > lim.MaxBytes:
-		return bad("MaxBytes", t.MaxBytes, fmt.Sprintf("is above the destination's limit %d", lim.MaxBytes))
-	case t.Linger < 0:
-		return bad("Linger", t.Linger, "is negative")
-	case t.MaxInflight < 0:
-		return bad("MaxInflight", t.MaxInflight, "is negative")
-	case t.QueueMax < 0:
-		return bad("QueueMax", t.QueueMax, "is negative")
-	case t.QueueMaxBytes < 0:
-		return bad("QueueMaxBytes", t.QueueMaxBytes, "is negative")
-	case t.TenantMax < 0:
-		return bad("TenantMax", t.TenantMax, "is negative")
-	case t.RetryAfterMax < 0:
-		return bad("RetryAfterMax", t.RetryAfterMax, "is negative")
-	case t.IdleTimeout < 0:
-		return bad("IdleTimeout", t.IdleTimeout, "is negative")
+	// Every field, in declaration order; the two with a ceiling carry it.
+	for _, f := range []struct {
+		name    string
+		v       int64
+		shown   any
+		ceiling int64 // 0: none
+	}{
+		{"MaxEntries", int64(t.MaxEntries), t.MaxEntries, int64(lim.MaxEntries)},
+		{"MaxBytes", int64(t.MaxBytes), t.MaxBytes, int64(lim.MaxBytes)},
+		{"Linger", int64(t.Linger), t.Linger, 0},
+		{"MaxInflight", int64(t.MaxInflight), t.MaxInflight, 0},
+		{"QueueMax", int64(t.QueueMax), t.QueueMax, 0},
+		{"QueueMaxBytes", t.QueueMaxBytes, t.QueueMaxBytes, 0},
+		{"TenantMax", int64(t.TenantMax), t.TenantMax, 0},
+		{"RetryAfterMax", int64(t.RetryAfterMax), t.RetryAfterMax, 0},
+		{"IdleTimeout", int64(t.IdleTimeout), t.IdleTimeout, 0},
+	} {
+		switch {
+		case f.v < 0:
+			return bad(f.name, f.shown, "is negative")
+		case f.ceiling > 0 && f.v > f.ceiling:
+			return bad(f.name, f.shown, fmt.Sprintf("is above the destination's limit %d", f.ceiling))
+		}
 	}
 	orDefault(&t.MaxEntries, lim.MaxEntries)
 	orDefault(&t.MaxBytes, lim.MaxBytes)

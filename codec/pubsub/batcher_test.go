@@ -36,6 +36,26 @@ type outcome struct {
 	err  error
 }
 
+// deliverAll delivers every message at once, each from its own goroutine
+// under one 30 s deadline, and returns the answers in msgs' order.
+func deliverAll(t *testing.T, inst *actors.Instance, c codec.Codec, msgs []codec.Message) []outcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := make([]outcome, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := inst.Deliver(ctx, c, m)
+			out[i] = outcome{string(m.Body), id, err}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 func TestThroughBatcherOrderedAndUnordered(t *testing.T) {
 	srv := newServer(t)
 	c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
@@ -131,23 +151,15 @@ func TestThroughBatcherPoisonIsBisected(t *testing.T) {
 	inst := startInstance(t)
 
 	const n = 1000
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out := make([]outcome, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			body := fmt.Sprint("m", i)
-			if i == 617 {
-				body = "poison"
-			}
-			id, err := inst.Deliver(ctx, c, codec.Message{Tenant: fmt.Sprint("t", i%7), Body: []byte(body)})
-			out[i] = outcome{body, id, err}
-		}()
+	msgs := make([]codec.Message, n)
+	for i := range msgs {
+		body := fmt.Sprint("m", i)
+		if i == 617 {
+			body = "poison"
+		}
+		msgs[i] = codec.Message{Tenant: fmt.Sprint("t", i%7), Body: []byte(body)}
 	}
-	wg.Wait()
+	out := deliverAll(t, inst, c, msgs)
 
 	for i, o := range out {
 		if o.body == "poison" {
@@ -187,20 +199,11 @@ func TestThroughBatcherFailures(t *testing.T) {
 		inst := startInstance(t)
 
 		const n = 200
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		out := make([]outcome, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				body := fmt.Sprint("m", i)
-				id, err := inst.Deliver(ctx, c, codec.Message{Body: []byte(body)})
-				out[i] = outcome{body, id, err}
-			}()
+		msgs := make([]codec.Message, n)
+		for i := range msgs {
+			msgs[i] = codec.Message{Body: []byte(fmt.Sprint("m", i))}
 		}
-		wg.Wait()
+		out := deliverAll(t, inst, c, msgs)
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -221,19 +224,12 @@ func TestThroughBatcherFailures(t *testing.T) {
 		srv := newServer(t)
 		c := newCodec(t, srv.Addr, "projects/p/topics/missing", codec.Tuning{})
 		inst := startInstance(t)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		errs := make([]error, 50)
-		for i := range errs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, errs[i] = inst.Deliver(ctx, c, msg(i))
-			}()
+		msgs := make([]codec.Message, 50)
+		for i := range msgs {
+			msgs[i] = msg(i)
 		}
-		wg.Wait()
-		for _, err := range errs {
+		for _, o := range deliverAll(t, inst, c, msgs) {
+			err := o.err
 			require.Error(t, err)
 			assert.True(t, codec.IsPermanent(err), "%v", err)
 			assert.Equal(t, codes.NotFound, status.Code(err))
