@@ -11,34 +11,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 // startQuiet runs an instance for one test; its cleanup stops it and checks
 // that Stop leaves nothing behind.
 func startQuiet(t *testing.T, name string, logs slog.Handler) *actors.Instance {
 	t.Helper()
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}))
 	if logs == nil {
 		logs = slog.NewTextHandler(io.Discard, nil)
 	}
-	inst, err := actors.Start(system, actors.Config{Name: name, Logger: slog.New(logs)})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		assert.NoError(t, inst.Stop(ctx))
-		assert.Equal(t, actors.Stats{}, inst.Stats())
-		system.Shutdown()
-	})
+	_, inst := testinst.Start(t, actors.Config{Name: name, Logger: slog.New(logs)})
 	return inst
 }
 

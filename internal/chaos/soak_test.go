@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sort"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -375,9 +375,7 @@ func TestChaosSoak(t *testing.T) {
 	}
 
 	logs := &logCounter{}
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}))
+	system := testinst.System()
 	inst, err := actors.Start(system, actors.Config{Name: "chaos", Logger: slog.New(logs)})
 	require.NoError(t, err)
 	t.Cleanup(func() {
