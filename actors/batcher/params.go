@@ -22,9 +22,8 @@ type Counters struct {
 
 // Params configure one batcher incarnation: one per destination from the
 // first delivery until the batcher stops idle. They outlive restarts, so what
-// must survive a crash (the count of deliveries received, the epoch counter
-// that tells a stale request result from a fresh one) lives here rather than
-// in the actor.
+// must survive a crash (the count of deliveries received, the count of
+// incarnations) lives here rather than in the actor.
 type Params struct {
 	Name   string // the destination's name: the actor's name, in logs
 	Codec  codec.Codec
@@ -42,8 +41,8 @@ type Params struct {
 	// refused delivery.
 	Cancels *atomic.Uint64
 
-	received uint64 // deliveries received, across restarts; only the actor touches it
-	epochs   uint64 // incarnations of the actor object, across restarts
+	received     uint64 // deliveries received, across restarts; only the actor touches it
+	incarnations uint64 // incarnations of the actor object, across restarts
 }
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with

@@ -1,0 +1,86 @@
+package batcher
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// handoffBatcher is a Batcher with only what next and takeDue use: no actor,
+// no goroutine.
+func handoffBatcher(s settings) *Batcher {
+	return &Batcher{
+		q:                newQueue(s),
+		running:          map[*inflight]struct{}{},
+		inflightDeadline: math.MaxInt64,
+		aliveFn:          everyoneAlive,
+	}
+}
+
+// A request goroutine whose request ends opens its batch's groups and takes
+// the batch due at that moment for its own slot, by the queue's rules: a
+// tenant that turned up while the request ran is in it, and a group's next
+// entries go only once the group's previous batch is complete.
+func TestNextTakesTheBatchDueForItsSlot(t *testing.T) {
+	s := testSettings() // 4 entries a batch, 2 in flight
+	s.linger = int64(time.Hour)
+	b := handoffBatcher(s)
+	admitNow(t, b, mk("a", "g", 1, 1), mk("b", "", 1, 1), mk("a", "", 1, 1), mk("b", "", 2, 1))
+	f1 := b.takeDue()
+	require.NotNil(t, f1)
+	assert.ElementsMatch(t, []string{"a/g/1", "b//1", "a//1", "b//2"}, refs(f1.entries))
+
+	// g is gated by f1: with c's entry, 3 are sendable, which is not full.
+	admitNow(t, b, mk("a", "g", 2, 1), mk("a", "g", 3, 1), mk("c", "", 1, 1), mk("b", "", 3, 1))
+	assert.Nil(t, b.takeDue(), "nothing is due while g's request runs")
+
+	f2 := b.next(f1)
+	require.NotNil(t, f2, "f1's end opens g, which makes a full batch")
+	got := refs(f2.entries)
+	assert.ElementsMatch(t, []string{"a/g/2", "a/g/3", "c//1", "b//3"}, got)
+	assert.Less(t, slices.Index(got, "a/g/2"), slices.Index(got, "a/g/3"), "a group keeps its order")
+	assert.Equal(t, map[*inflight]struct{}{f2: {}}, b.running)
+	assert.Equal(t, 1, b.q.inflight, "the slot passed from f1 to f2")
+
+	assert.Nil(t, b.next(f2), "with nothing due the goroutine ends")
+	assert.Empty(t, b.running)
+	assert.Equal(t, 0, b.q.inflight)
+}
+
+// A goroutine takes a slot only when a batch is due: a batch short of
+// MaxEntries waits for its linger (the batcher's timer), and while the
+// other slots are busy, a goroutine ending never makes more than MaxInflight.
+func TestNextKeepsLingerAndMaxInflight(t *testing.T) {
+	s := testSettings()
+	s.linger = int64(time.Hour)
+	b := handoffBatcher(s)
+	for i := range 12 {
+		admitNow(t, b, mk("a", "", i, 1))
+	}
+	f1, f2 := b.takeDue(), b.takeDue()
+	require.NotNil(t, f1)
+	require.NotNil(t, f2)
+	assert.Nil(t, b.takeDue(), "two slots, two requests")
+
+	f3 := b.next(f1)
+	require.NotNil(t, f3)
+	assert.Equal(t, 2, b.q.inflight)
+	assert.Nil(t, b.takeDue())
+
+	admitNow(t, b, mk("a", "", 12, 1))
+	assert.Nil(t, b.next(f2), "one entry is not a full batch and its linger has not run out")
+	assert.Equal(t, 1, b.q.ready)
+}
+
+// admitNow admits at the clock's time, which next reads.
+func admitNow(t *testing.T, b *Batcher, es ...*entry) {
+	t.Helper()
+	for _, e := range es {
+		_, ok := b.q.admit(e, time.Now().UnixNano())
+		require.True(t, ok, "admit %s", e.deliver.Ref)
+	}
+}
