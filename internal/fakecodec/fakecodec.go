@@ -6,6 +6,7 @@ package fakecodec
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,9 @@ type Codec struct {
 	Tune codec.Tuning
 	// Latency is how long each request takes (honouring ctx).
 	Latency time.Duration
+	// Jitter, if set, spreads each request's time uniformly over
+	// Latency ± Jitter, as a network's round trips spread.
+	Jitter time.Duration
 	// Hook, if set, answers a request instead of the default success. It
 	// runs on the request goroutine.
 	Hook func(ctx context.Context, batch []codec.Message) ([]codec.Result, error)
@@ -76,8 +80,8 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 		c.busy.Add(int64(time.Since(start)))
 	}()
 	c.requests.Add(1)
-	if c.Latency > 0 {
-		t := time.NewTimer(c.Latency)
+	if d := c.latency(); d > 0 {
+		t := time.NewTimer(d)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -111,6 +115,13 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 		}
 	}
 	return res, nil
+}
+
+func (c *Codec) latency() time.Duration {
+	if c.Jitter <= 0 {
+		return c.Latency
+	}
+	return c.Latency - c.Jitter + rand.N(2*c.Jitter+1)
 }
 
 // Sent returns the accepted messages in acceptance order.
