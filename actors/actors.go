@@ -168,18 +168,17 @@ func (i *Instance) deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 	if i.sup.Stopping() {
 		return nil, messages.ErrStopped
 	}
+	w := i.waiters.get()
+	defer i.waiters.put(w)
 	deadline, hasDeadline := ctx.Deadline()
 	var timeout <-chan time.Time
 	if !hasDeadline {
 		deadline = time.Now().Add(i.timeout)
-		t := time.NewTimer(i.timeout)
-		defer t.Stop()
-		timeout = t.C
+		timeout = w.after(i.timeout)
+		defer w.disarm()
 	}
-	w := i.waiters.get()
 	sender := w.begin(i.system.Address())
-	defer i.waiters.put(w)
-	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline}, sender)
+	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}, sender)
 	select {
 	case d := <-w.answer:
 		if d.Err != nil {
