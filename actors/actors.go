@@ -154,19 +154,11 @@ func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 // its message id and, where the destination assigns one (SQS FIFO queues),
 // its sequence number. The error is the same as Deliver's; Result.Err is nil.
 func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Message) (codec.Result, error) {
-	d, err := i.deliver(ctx, c, m)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return codec.Result{}, err
 	}
-	return codec.Result{ID: d.ID, Sequence: d.Sequence}, nil
-}
-
-func (i *Instance) deliver(ctx context.Context, c codec.Codec, m codec.Message) (*messages.Delivered, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if i.sup.Stopping() {
-		return nil, messages.ErrStopped
+		return codec.Result{}, messages.ErrStopped
 	}
 	w := i.waiters.get()
 	defer i.waiters.put(w)
@@ -180,20 +172,20 @@ func (i *Instance) deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 	sender := w.begin(i.system.Address())
 	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}, sender)
 	select {
-	case d := <-w.answer:
-		if d.Err != nil {
-			return nil, d.Err
+	case r := <-w.answer:
+		if r.Err != nil {
+			return codec.Result{}, r.Err
 		}
-		return d, nil
+		return r, nil
 	case <-ctx.Done():
 		w.abandon(sender)
 		if ctx.Err() == context.Canceled {
 			i.sup.Cancelled(c)
 		}
-		return nil, ctx.Err()
+		return codec.Result{}, ctx.Err()
 	case <-timeout:
 		w.abandon(sender)
-		return nil, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
+		return codec.Result{}, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
 }
 

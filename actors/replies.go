@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -22,7 +23,7 @@ const maxPooledWaiters = 1 << 14
 // asking Listening learns that the call's caller is gone.
 type waiter struct {
 	id     string
-	answer chan *messages.Delivered
+	answer chan codec.Result
 	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
 	seq    uint32        // the last RequestId handed out; only its caller touches it
 	// timer is DefaultTimeout for calls whose ctx has no deadline; only its
@@ -51,10 +52,19 @@ func (w *waiter) disarm() {
 	}
 }
 
+// SendUserMessage takes an answer sent as a *messages.Delivered: by the
+// supervisor, or by a batcher that did not get w as its Direct.
 func (w *waiter) SendUserMessage(pid *actor.PID, message any) {
-	d, ok := actor.UnwrapEnvelopeMessage(message).(*messages.Delivered)
-	if ok && pid.RequestId != 0 && w.call.CompareAndSwap(pid.RequestId, 0) {
-		w.answer <- d
+	if d, ok := actor.UnwrapEnvelopeMessage(message).(*messages.Delivered); ok {
+		w.Answer(pid, codec.Result{ID: d.ID, Sequence: d.Sequence, Err: d.Err})
+	}
+}
+
+// Answer takes the answer to the call pid was handed out for, if that call
+// still waits; it drops any other.
+func (w *waiter) Answer(pid *actor.PID, r codec.Result) {
+	if pid.RequestId != 0 && w.call.CompareAndSwap(pid.RequestId, 0) {
+		w.answer <- r
 	}
 }
 
@@ -106,7 +116,7 @@ func (p *waiters) get() *waiter {
 	}
 	p.mu.Unlock()
 	reg := p.system.ProcessRegistry
-	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan *messages.Delivered, 1)}
+	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan codec.Result, 1)}
 	w.direct.Listener = w
 	reg.Add(w, w.id)
 	return w

@@ -104,7 +104,8 @@ type Codec interface {
 	// Result per message, in order. An error wrapping ErrRefused means the
 	// destination refused the whole request for its content (the batcher
 	// bisects to find the message); any other error is the answer for every
-	// message of the batch, permanent if IsPermanent says so.
+	// message of the batch, permanent if IsPermanent says so. SendBatch
+	// must not keep batch after it returns: the batcher reuses the slice.
 	SendBatch(ctx context.Context, batch []Message) ([]Result, error)
 }
 

@@ -313,8 +313,9 @@ func (b *Batcher) launch(entries []*entry, groups []*lane, trigger telemetry.Tri
 // and tells the batcher after each.
 func (b *Batcher) run(f *inflight) {
 	defer b.p.Requests.Done()
+	var buf buffers
 	for f != nil {
-		report := b.request(f)
+		report := b.request(f, &buf)
 		// The callers are answered (in request), then the slot handed on,
 		// then the batcher told.
 		f = b.next(f)
@@ -334,17 +335,32 @@ func (b *Batcher) next(f *inflight) *inflight {
 	return b.takeDue()
 }
 
+// buffers are a request goroutine's slices, reused from one of its requests
+// to the next (they were a twelfth of the bytes a Pub/Sub delivery
+// allocates). SendBatch does not keep its batch (see codec.Codec).
+type buffers struct {
+	msgs    []codec.Message
+	results []codec.Result
+}
+
 // request sends f's batch and answers each of its callers.
-func (b *Batcher) request(f *inflight) telemetry.Flush {
+func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
 	defer f.cancel()
-	msgs := make([]codec.Message, len(f.entries))
-	report := telemetry.Flush{Trigger: f.trigger, Entries: len(f.entries)}
+	n := len(f.entries)
+	if cap(buf.msgs) < n {
+		buf.msgs, buf.results = make([]codec.Message, n), make([]codec.Result, n)
+	}
+	msgs, results := buf.msgs[:n], buf.results[:n]
+	// Let go of the payloads and ids: the goroutine may wait a while for
+	// its next request, or end.
+	defer clear(msgs)
+	defer clear(results)
+	report := telemetry.Flush{Trigger: f.trigger, Entries: n}
 	for i, e := range f.entries {
 		msgs[i] = e.deliver.Message
 		report.Bytes += e.size
 	}
 	start := time.Now()
-	results := make([]codec.Result, len(msgs))
 	report.Requests, _ = b.bisect(f.ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
@@ -413,19 +429,15 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 // which drops the answer of a call that is over.
 func (b *Batcher) answer(e *entry, r codec.Result) {
 	if e.listener != nil {
-		e.listener.SendUserMessage(e.sender, delivered(e.deliver, r))
+		e.listener.Answer(e.sender, r)
 		return
 	}
 	b.reply(e.sender, e.deliver, r)
 }
 
-func delivered(d *messages.Deliver, r codec.Result) *messages.Delivered {
-	return &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err}
-}
-
 func (b *Batcher) reply(sender *actor.PID, d *messages.Deliver, r codec.Result) {
 	if sender != nil {
-		tell(b.system, sender, delivered(d, r))
+		tell(b.system, sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
 	}
 }
 
@@ -456,13 +468,14 @@ func (b *Batcher) alive(e *entry) bool {
 }
 
 // Listener is a reply process that serves many calls, told apart by the
-// sender PID's RequestId (the front door's Deliver pools them), and drops
-// the answer to a call that is over. A batcher looks it up once, when it
-// admits the delivery, then asks it whether the call still waits instead of
-// relying on the process leaving the registry, and answers it directly.
+// sender PID's RequestId (the front door's Deliver pools them). A batcher
+// looks it up once, when it admits the delivery, then asks it whether the
+// call still waits instead of relying on the process leaving the registry,
+// and answers it directly, with no *messages.Delivered: Answer drops the
+// answer to a call that is over.
 type Listener interface {
-	actor.Process
 	Listening(pid *actor.PID) bool
+	Answer(pid *actor.PID, r codec.Result)
 }
 
 // Direct, as a Deliver's Ref, names the sender's Listener, which the
