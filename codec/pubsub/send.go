@@ -130,9 +130,12 @@ func (c *Codec) publishBisecting(ctx context.Context, batch []codec.Message, idx
 // publish sends batch[idx...] in one Publish call and fills their Results'
 // IDs, or returns the call's classified error.
 func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, results []codec.Result) error {
+	// One allocation for the request's messages, not one each.
+	protos := make([]pubsubpb.PubsubMessage, len(idx))
 	msgs := make([]*pubsubpb.PubsubMessage, len(idx))
 	for j, i := range idx {
-		msgs[j] = c.toProto(batch[i])
+		msgs[j] = &protos[j]
+		c.fillProto(msgs[j], batch[i])
 	}
 	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, c.callOpts...)
 	if err != nil {
@@ -150,9 +153,9 @@ func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, r
 	return nil
 }
 
-// toProto maps m onto a PubsubMessage. It shares m's Body and, without an
-// idempotency key, its Attributes: the request only reads them.
-func (c *Codec) toProto(m codec.Message) *pubsubpb.PubsubMessage {
+// fillProto maps m onto the empty PubsubMessage p. It shares m's Body and,
+// without an idempotency key, its Attributes: the request only reads them.
+func (c *Codec) fillProto(p *pubsubpb.PubsubMessage, m codec.Message) {
 	attrs := m.Attributes
 	if m.IdempotencyKey != "" {
 		attrs = make(map[string]string, len(m.Attributes)+1)
@@ -161,7 +164,7 @@ func (c *Codec) toProto(m codec.Message) *pubsubpb.PubsubMessage {
 		}
 		attrs[c.idemAttr] = m.IdempotencyKey
 	}
-	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
+	p.Data, p.Attributes, p.OrderingKey = m.Body, attrs, m.Group
 }
 
 // Whole-request failures by gRPC code; see "Errors" in the package doc.
