@@ -208,13 +208,6 @@ func (b *Batcher) deliver(sender *actor.PID, d *messages.Deliver) {
 		return
 	}
 	e := &entry{deliver: d, sender: sender, size: max(size, 0), deadline: deadline}
-	if r, ok := d.Ref.(*Direct); ok {
-		e.listener = r.Listener
-	} else if sender != nil {
-		if p, ok := b.system.ProcessRegistry.Get(sender); ok {
-			e.listener, _ = p.(Listener)
-		}
-	}
 	reason, ok := b.q.admit(e, b.now)
 	if !ok {
 		// Room held by callers that gave up is not room: look for them
@@ -428,8 +421,8 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 // answer answers e's caller with r: straight to its Listener if it has one,
 // which drops the answer of a call that is over.
 func (b *Batcher) answer(e *entry, r codec.Result) {
-	if e.listener != nil {
-		e.listener.Answer(e.sender, r)
+	if l := e.listener(); l != nil {
+		l.Answer(e.sender, r)
 		return
 	}
 	b.reply(e.sender, e.deliver, r)
@@ -451,11 +444,11 @@ func tell(system *actor.ActorSystem, pid *actor.PID, msg any) {
 	}
 }
 
-// alive reports whether e's caller still waits: a future that timed out or
-// was stopped has left the process registry; a Listener says so itself.
+// alive reports whether e's caller still waits: a Listener says so itself;
+// a future that timed out or was stopped has left the process registry.
 func (b *Batcher) alive(e *entry) bool {
-	if e.listener != nil {
-		return e.listener.Listening(e.sender)
+	if l := e.listener(); l != nil {
+		return l.Listening(e.sender)
 	}
 	if e.sender == nil {
 		return true
@@ -469,20 +462,27 @@ func (b *Batcher) alive(e *entry) bool {
 
 // Listener is a reply process that serves many calls, told apart by the
 // sender PID's RequestId (the front door's Deliver pools them). A batcher
-// looks it up once, when it admits the delivery, then asks it whether the
-// call still waits instead of relying on the process leaving the registry,
-// and answers it directly, with no *messages.Delivered: Answer drops the
-// answer to a call that is over.
+// asks it whether a call still waits instead of relying on the process
+// leaving the registry, and answers it directly, with no
+// *messages.Delivered: Answer drops the answer to a call that is over.
 type Listener interface {
 	Listening(pid *actor.PID) bool
 	Answer(pid *actor.PID, r codec.Result)
 }
 
-// Direct, as a Deliver's Ref, names the sender's Listener, which the
-// batcher then answers without looking the sender up in the process
-// registry (a lookup was a tenth of the CPU of a delivery). The front door
-// sets it; Delivered.Ref echoes it.
+// Direct, as a Deliver's Ref, names the sender's Listener, so that the
+// batcher never looks the sender up in the process registry (the lookups,
+// one in take and one in each reply, were a tenth of the CPU of a
+// delivery). The front door sets it; Delivered.Ref echoes it.
 type Direct struct{ Listener Listener }
+
+// listener is e's sender's Listener, if its delivery names one.
+func (e *entry) listener() Listener {
+	if r, ok := e.deliver.Ref.(*Direct); ok {
+		return r.Listener
+	}
+	return nil
+}
 
 // answerDropped answers the entries the queue dropped: those whose deadline
 // passed get errExpired (if their caller still listens: see tell); those

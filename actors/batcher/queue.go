@@ -20,7 +20,6 @@ import (
 type entry struct {
 	deliver  *messages.Deliver
 	sender   *actor.PID // who is answered; nil: nobody
-	listener Listener   // sender's process, if it is a Listener
 	size     int        // Codec.Size of the message
 	deadline int64      // Unix nanoseconds after which the entry is abandoned
 	tenant   *tenant
