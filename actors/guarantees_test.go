@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -393,6 +394,9 @@ func TestAbandonedEntriesAreNotSentAndFreeTheirRoom(t *testing.T) {
 	// Every queued caller is gone: a new delivery is admitted, not refused.
 	fresh := deliverAsync(inst, c, msg("c", "", "fresh"), 10*time.Second)
 	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 5*time.Second, time.Millisecond)
+	// Let its linger run out, so that it is due the moment the slot frees
+	// (while the slot is busy, nothing wakes the batcher for it).
+	time.Sleep(10 * time.Millisecond)
 	v.Open()
 	require.NoError(t, await(t, inFlight).err)
 	require.NoError(t, await(t, fresh).err)
@@ -562,6 +566,46 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 		assert.NoError(t, r.err)
 		assert.NotEmpty(t, r.id)
 	}
+}
+
+// brokenListener is a batcher.Listener whose Listening panics: a bug in
+// code the batcher calls while it takes a batch.
+type brokenListener struct{ answers chan codec.Result }
+
+func (brokenListener) Listening(*actor.PID) bool             { panic("listener bug") }
+func (l brokenListener) Answer(_ *actor.PID, r codec.Result) { l.answers <- r }
+
+// 10. A panic in the batcher's rules on a request goroutine, which takes the
+// next batch when its request ends, restarts the batcher as one in Receive
+// does, instead of ending the process.
+func TestPanicOnARequestGoroutineRestartsTheBatcher(t *testing.T) {
+	logs := &logSink{}
+	system, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Millisecond})
+	first := deliverAsync(inst, c, msg("a", "", "x"), 30*time.Second)
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+
+	// Queued behind the busy slot: only the request goroutine, when its
+	// request ends, can take it.
+	broken := brokenListener{answers: make(chan codec.Result, 1)}
+	system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: msg("b", "", "y"), Ref: &batcher.Direct{Listener: broken}})
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 5*time.Second, time.Millisecond)
+	// Let its linger run out, so that it is due the moment the slot frees
+	// (while the slot is busy, nothing wakes the batcher for it).
+	time.Sleep(10 * time.Millisecond)
+	v.Open()
+
+	require.NoError(t, await(t, first).err)
+	select {
+	case r := <-broken.answers:
+		assert.ErrorIs(t, r.Err, messages.ErrBatcherDown)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the entry held by the crashed batcher was not answered")
+	}
+	assert.Contains(t, logs.String(), "level=WARN msg=\"sinkbatch: batcher crashed; restarting it\"")
+	assert.Contains(t, logs.String(), "listener bug (on a request goroutine)")
+	r := await(t, deliverAsync(inst, c, msg("a", "", "after"), 5*time.Second))
+	assert.NoError(t, r.err, "the batcher is back")
 }
 
 // 11. Idle stop, and deliveries racing it.

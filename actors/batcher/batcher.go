@@ -48,6 +48,17 @@ type done struct{}
 // theDone is the one done message; it carries nothing.
 var theDone = &done{}
 
+// failed carries a panic of the batcher's own code on a request goroutine
+// (see next) to Receive, which panics with it so that the supervisor
+// restarts the batcher, as it does for a panic in Receive.
+type failed struct {
+	reason any
+	stack  []byte
+}
+
+// GetPriority puts failed first in the mailbox.
+func (*failed) GetPriority() int8 { return priorityFirst }
+
 // inflight is a batch whose request is running. Each of its callers is
 // answered exactly once, by whoever first claims its entry: the request
 // goroutine with the result; the batcher when the caller's deadline passes
@@ -76,12 +87,12 @@ func Props(p *Params) *actor.Props {
 
 // Mailbox priorities (protoactor's default is 4).
 const (
-	priorityResult = 7
-	priorityTick   = 6
+	priorityFirst = 7
+	priorityTick  = 6
 )
 
 // GetPriority puts done messages first in the mailbox.
-func (*done) GetPriority() int8 { return priorityResult }
+func (*done) GetPriority() int8 { return priorityFirst }
 
 // GetPriority puts ticks before deliveries.
 func (*tick) GetPriority() int8 { return priorityTick }
@@ -148,6 +159,8 @@ func (b *Batcher) Receive(ctx actor.Context) {
 		b.draining, b.q.draining, b.expect = true, true, m.Expect
 	case *Abort:
 		b.answerAll(messages.ErrStopped)
+	case *failed:
+		panic(fmt.Sprintf("%v (on a request goroutine)\n%s", m.reason, m.stack))
 	case *actor.Started:
 		b.start(ctx)
 	case *actor.Restarting:
@@ -318,10 +331,18 @@ func (b *Batcher) run(f *inflight) {
 }
 
 // next ends f's request and hands its slot to the batch due now, if any:
-// it returns that batch, or nil when the goroutine should end.
-func (b *Batcher) next(f *inflight) *inflight {
+// it returns that batch, or nil when the goroutine should end. A panic in
+// the batcher's code here would end the process, not the batcher: it is
+// sent to Receive instead (see failed).
+func (b *Batcher) next(f *inflight) (g *inflight) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer func() {
+		if r := recover(); r != nil {
+			g = nil
+			tell(b.system, b.self, &failed{reason: r, stack: debug.Stack()})
+		}
+	}()
 	delete(b.running, f)
 	b.q.complete(f.groups)
 	b.now = time.Now().UnixNano()
