@@ -15,8 +15,9 @@
 // request goroutine takes it only when its request has ended, to open the
 // batch's groups and take the batch due next for its own slot, so that a
 // busy destination's slots never wait for the batcher's turn to run (on a
-// loaded machine that wait was about a tenth of a 2 ms request). Fields set
-// in Started never change. A caller whose entry is in a request is answered
+// loaded machine that wait was about a tenth of a 2 ms request); a panic
+// there is sent to Receive, which panics with it, so the supervisor restarts
+// the batcher as for a panic in Receive. Fields set in Started never change. A caller whose entry is in a request is answered
 // exactly once, by whoever first claims the entry: the request goroutine with
 // the result, or the batcher when the caller's deadline passes first (the
 // message may still be stored) or when it restarts, aborts or stops
