@@ -570,42 +570,66 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 
 // brokenListener is a batcher.Listener whose Listening panics: a bug in
 // code the batcher calls while it takes a batch.
-type brokenListener struct{ answers chan codec.Result }
+type brokenListener struct {
+	asked   atomic.Int32
+	answers chan codec.Result
+}
 
-func (brokenListener) Listening(*actor.PID) bool             { panic("listener bug") }
-func (l brokenListener) Answer(_ *actor.PID, r codec.Result) { l.answers <- r }
+func (l *brokenListener) Listening(*actor.PID) bool {
+	l.asked.Add(1)
+	panic("listener bug")
+}
+
+func (l *brokenListener) Answer(_ *actor.PID, r codec.Result) { l.answers <- r }
 
 // 10. A panic in the batcher's rules on a request goroutine, which takes the
 // next batch when its request ends, restarts the batcher as one in Receive
-// does, instead of ending the process.
+// does, instead of ending the process: once, though two goroutines end, and
+// every caller it held is answered, the one whose entry the failed take had
+// already taken out of the queue too.
 func TestPanicOnARequestGoroutineRestartsTheBatcher(t *testing.T) {
 	logs := &logSink{}
 	system, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Millisecond})
-	first := deliverAsync(inst, c, msg("a", "", "x"), 30*time.Second)
+	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 2, Linger: time.Millisecond})
+	first := deliverAsync(inst, c, msg("z", "", "1"), 30*time.Second)
 	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	second := deliverAsync(inst, c, msg("z", "", "2"), 30*time.Second)
+	require.Eventually(t, func() bool { return v.entered.Load() == 2 }, 5*time.Second, time.Millisecond)
 
-	// Queued behind the busy slot: only the request goroutine, when its
-	// request ends, can take it.
-	broken := brokenListener{answers: make(chan codec.Result, 1)}
-	system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: msg("b", "", "y"), Ref: &batcher.Direct{Listener: broken}})
+	// Queued behind the busy slots: only a request goroutine, when its
+	// request ends, can take them. Round-robin takes a's entry, then asks
+	// about b's caller.
+	taken := deliverAsync(inst, c, msg("a", "", "x"), 30*time.Second)
 	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 5*time.Second, time.Millisecond)
-	// Let its linger run out, so that it is due the moment the slot frees
-	// (while the slot is busy, nothing wakes the batcher for it).
+	broken := &brokenListener{answers: make(chan codec.Result, 1)}
+	caller := &actor.PID{Address: system.Address(), Id: "broken", RequestId: 1}
+	system.Root.RequestWithCustomSender(inst.PID(), &messages.Deliver{Codec: c, Message: msg("b", "", "y"), Ref: &batcher.Direct{Listener: broken}}, caller)
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 2 }, 5*time.Second, time.Millisecond)
+	// Let their linger run out, so that they are due the moment a slot
+	// frees (while the slots are busy, nothing wakes the batcher for them).
 	time.Sleep(10 * time.Millisecond)
 	v.Open()
 
-	require.NoError(t, await(t, first).err)
+	start := time.Now()
+	for _, ch := range []<-chan result{first, second} {
+		// Answered by its request, or by the restart if that came first.
+		if err := await(t, ch).err; err != nil {
+			assert.ErrorIs(t, err, messages.ErrBatcherDown)
+		}
+	}
+	assert.ErrorIs(t, await(t, taken).err, messages.ErrBatcherDown)
 	select {
 	case r := <-broken.answers:
 		assert.ErrorIs(t, r.Err, messages.ErrBatcherDown)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the entry held by the crashed batcher was not answered")
 	}
-	assert.Contains(t, logs.String(), "level=WARN msg=\"sinkbatch: batcher crashed; restarting it\"")
-	assert.Contains(t, logs.String(), "listener bug (on a request goroutine)")
+	assert.Less(t, time.Since(start), 5*time.Second, "answered at once, not at the deadline")
 	r := await(t, deliverAsync(inst, c, msg("a", "", "after"), 5*time.Second))
 	assert.NoError(t, r.err, "the batcher is back")
+	assert.Equal(t, int32(1), broken.asked.Load(), "the other goroutine took nothing from the crashed queue")
+	assert.Equal(t, 1, logs.Count("batcher crashed; restarting it"))
+	assert.Contains(t, logs.String(), "listener bug (on a request goroutine)")
 }
 
 // 11. Idle stop, and deliveries racing it.
@@ -679,6 +703,48 @@ func TestStopSendsEverythingQueuedAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, res.(*messages.Delivered).Err, messages.ErrStopped)
 	require.NoError(t, inst.Stop(ctx), "a second Stop returns the first's outcome")
+}
+
+// A batcher that crashes while Stop drains it goes on draining once it is
+// back, so Stop ends as soon as every delivery is answered.
+func TestStopOutlivesARestartDuringItsDrain(t *testing.T) {
+	system, inst := start(t, actors.Config{Name: "drain"})
+	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Millisecond})
+	first := deliverAsync(inst, c, msg("z", "", "1"), 30*time.Second)
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	broken := &brokenListener{answers: make(chan codec.Result, 1)}
+	caller := &actor.PID{Address: system.Address(), Id: "broken", RequestId: 1}
+	system.Root.RequestWithCustomSender(inst.PID(), &messages.Deliver{Codec: c, Message: msg("b", "", "y"), Ref: &batcher.Direct{Listener: broken}}, caller)
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 5*time.Second, time.Millisecond)
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- inst.Stop(ctx)
+	}()
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		defer cancel()
+		_, err := inst.Deliver(ctx, c, msg("late", "", "x"))
+		return errors.Is(err, messages.ErrStopped)
+	}, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // for the Drain to reach the batcher
+	// The request goroutine takes b's entry, and the take panics.
+	v.Open()
+
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not end once every delivery was answered")
+	}
+	if err := await(t, first).err; err != nil {
+		assert.ErrorIs(t, err, messages.ErrBatcherDown)
+	}
+	assert.ErrorIs(t, (<-broken.answers).Err, messages.ErrBatcherDown)
+	assert.Equal(t, int32(1), broken.asked.Load())
+	assert.Equal(t, actors.Stats{}, inst.Stats())
 }
 
 func TestStopGivesUpAtItsDeadline(t *testing.T) {

@@ -52,6 +52,7 @@ var theDone = &done{}
 // (see next) to Receive, which panics with it so that the supervisor
 // restarts the batcher, as it does for a panic in Receive.
 type failed struct {
+	from   *Batcher // the incarnation whose goroutine failed
 	reason any
 	stack  []byte
 }
@@ -127,8 +128,7 @@ type Batcher struct {
 	armed        int64
 	idleSince    int64
 	idleReported bool
-	draining     bool
-	expect       uint64
+	down         bool // this incarnation crashed or stopped
 	drainedSent  bool
 	cancelsSeen  uint64
 
@@ -144,10 +144,23 @@ type Batcher struct {
 }
 
 // Receive handles one message. It never waits on a request: requests run on
-// their own goroutines, which hold mu only to hand their slot on.
+// their own goroutines, which hold mu only to hand their slot on. If it
+// panics, this incarnation is down at once: its request goroutines take
+// nothing more from its queue, which may be half changed.
 func (b *Batcher) Receive(ctx actor.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	finished := false
+	defer func() {
+		if !finished {
+			b.down = true
+		}
+	}()
+	b.receive(ctx)
+	finished = true
+}
+
+func (b *Batcher) receive(ctx actor.Context) {
 	b.now = time.Now().UnixNano()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
@@ -156,19 +169,24 @@ func (b *Batcher) Receive(ctx actor.Context) {
 	case *tick:
 		b.armed = 0
 	case *Drain:
-		b.draining, b.q.draining, b.expect = true, true, m.Expect
+		b.p.drain = m
+		b.q.draining = true
 	case *Abort:
 		b.answerAll(messages.ErrStopped)
 	case *failed:
-		panic(fmt.Sprintf("%v (on a request goroutine)\n%s", m.reason, m.stack))
+		if m.from == b {
+			panic(fmt.Sprintf("%v (on a request goroutine)\n%s", m.reason, m.stack))
+		}
 	case *actor.Started:
 		b.start(ctx)
 	case *actor.Restarting:
+		b.down = true
 		b.answerAll(messages.ErrBatcherDown)
 		b.stopTimer()
 		b.unpublish()
 		return
 	case *actor.Stopping:
+		b.down = true
 		b.answerAll(messages.ErrStopped)
 		b.stopTimer()
 		b.unpublish()
@@ -185,6 +203,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.log = b.p.Logger
 	b.validator, _ = b.p.Codec.(codec.Validator)
 	b.q = newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
+	b.q.draining = b.p.drain != nil // a restart does not end Stop's drain
 	b.p.incarnations++
 	b.running = make(map[*inflight]struct{})
 	b.inflightDeadline = math.MaxInt64
@@ -265,8 +284,8 @@ func (b *Batcher) settle(ctx actor.Context) {
 	}
 	if b.q.queued > 0 || b.q.inflight > 0 {
 		b.idleSince, b.idleReported = 0, false
-	} else if b.draining {
-		if !b.drainedSent && b.p.received == b.expect {
+	} else if b.p.drain != nil {
+		if !b.drainedSent && b.p.received == b.p.drain.Expect {
 			b.drainedSent = true
 			ctx.Send(ctx.Parent(), &Drained{Who: b.self})
 		}
@@ -288,17 +307,17 @@ func (b *Batcher) settle(ctx actor.Context) {
 // flight. The queue counts slots: it never has more than MaxInflight
 // batches out.
 func (b *Batcher) takeDue() *inflight {
-	for {
-		trigger, ok := b.q.due(b.now)
-		if !ok {
-			return nil
-		}
-		batch, groups, dropped := b.q.take(b.now, b.aliveFn)
-		b.answerDropped(dropped)
-		if len(batch) > 0 {
-			return b.launch(batch, groups, trigger)
-		}
+	trigger, ok := b.q.due(b.now)
+	if !ok {
+		return nil
 	}
+	batch, groups, dropped := b.q.take(b.now, b.aliveFn)
+	var f *inflight
+	if len(batch) > 0 {
+		f = b.launch(batch, groups, trigger)
+	}
+	b.answerDropped(dropped)
+	return f
 }
 
 // launch registers a batch taken from the queue as in flight.
@@ -340,10 +359,14 @@ func (b *Batcher) next(f *inflight) (g *inflight) {
 	defer func() {
 		if r := recover(); r != nil {
 			g = nil
-			tell(b.system, b.self, &failed{reason: r, stack: debug.Stack()})
+			b.down = true
+			tell(b.system, b.self, &failed{from: b, reason: r, stack: debug.Stack()})
 		}
 	}()
 	delete(b.running, f)
+	if b.down {
+		return nil
+	}
 	b.q.complete(f.groups)
 	b.now = time.Now().UnixNano()
 	return b.takeDue()
@@ -439,20 +462,21 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 	return res, err
 }
 
-// answer answers e's caller with r: straight to its Listener if it has one,
-// which drops the answer of a call that is over.
-func (b *Batcher) answer(e *entry, r codec.Result) {
-	if l := e.listener(); l != nil {
-		l.Answer(e.sender, r)
+// answer answers e's caller with r.
+func (b *Batcher) answer(e *entry, r codec.Result) { b.reply(e.sender, e.deliver, r) }
+
+// reply answers the sender of d with r: straight to its Listener if d names
+// one (which drops the answer to a call that is over), else with a
+// *messages.Delivered. A nil sender is nobody.
+func (b *Batcher) reply(sender *actor.PID, d *messages.Deliver, r codec.Result) {
+	if sender == nil {
 		return
 	}
-	b.reply(e.sender, e.deliver, r)
-}
-
-func (b *Batcher) reply(sender *actor.PID, d *messages.Deliver, r codec.Result) {
-	if sender != nil {
-		tell(b.system, sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+	if l := listenerOf(d); l != nil {
+		l.Answer(sender, r)
+		return
 	}
+	tell(b.system, sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
 }
 
 // tell sends msg to pid if pid is still registered. A caller that gave up
@@ -468,11 +492,11 @@ func tell(system *actor.ActorSystem, pid *actor.PID, msg any) {
 // alive reports whether e's caller still waits: a Listener says so itself;
 // a future that timed out or was stopped has left the process registry.
 func (b *Batcher) alive(e *entry) bool {
-	if l := e.listener(); l != nil {
-		return l.Listening(e.sender)
-	}
 	if e.sender == nil {
 		return true
+	}
+	if l := listenerOf(e.deliver); l != nil {
+		return l.Listening(e.sender)
 	}
 	p, ok := b.system.ProcessRegistry.Get(e.sender)
 	if l, isListener := p.(Listener); ok && isListener {
@@ -485,7 +509,9 @@ func (b *Batcher) alive(e *entry) bool {
 // sender PID's RequestId (the front door's Deliver pools them). A batcher
 // asks it whether a call still waits instead of relying on the process
 // leaving the registry, and answers it directly, with no
-// *messages.Delivered: Answer drops the answer to a call that is over.
+// *messages.Delivered: Answer drops the answer to a call that is over. Both
+// are called with the batcher's lock held, from its actor or a request
+// goroutine: they must be quick, must not block, and get a non-nil pid.
 type Listener interface {
 	Listening(pid *actor.PID) bool
 	Answer(pid *actor.PID, r codec.Result)
@@ -497,9 +523,9 @@ type Listener interface {
 // delivery). The front door sets it; Delivered.Ref echoes it.
 type Direct struct{ Listener Listener }
 
-// listener is e's sender's Listener, if its delivery names one.
-func (e *entry) listener() Listener {
-	if r, ok := e.deliver.Ref.(*Direct); ok {
+// listenerOf is the Listener d names, if any.
+func listenerOf(d *messages.Deliver) Listener {
+	if r, ok := d.Ref.(*Direct); ok {
 		return r.Listener
 	}
 	return nil

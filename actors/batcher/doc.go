@@ -22,8 +22,9 @@
 // the result, or the batcher when the caller's deadline passes first (the
 // message may still be stored) or when it restarts, aborts or stops
 // (protoactor races on a second reply to a future). A restart makes a new
-// Batcher: the request goroutines of the crashed one only ever touch the
-// crashed one's queue, which its Restarting emptied.
+// Batcher. The crashed one is down from the moment it panics: its request
+// goroutines finish their requests but take nothing more from its queue,
+// and a failure one of them reports cannot restart its successor.
 //
 // # Messages
 //

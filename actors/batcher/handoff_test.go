@@ -55,12 +55,7 @@ func TestNextTakesTheBatchDueForItsSlot(t *testing.T) {
 // MaxEntries waits for its linger (the batcher's timer), and while the
 // other slots are busy, a goroutine ending never makes more than MaxInflight.
 func TestNextKeepsLingerAndMaxInflight(t *testing.T) {
-	s := testSettings()
-	s.linger = int64(time.Hour)
-	b := handoffBatcher(s)
-	for i := range 12 {
-		admitNow(t, b, mk("a", "", i, 1))
-	}
+	b := backlogged(t, 12)
 	f1, f2 := b.takeDue(), b.takeDue()
 	require.NotNil(t, f1)
 	require.NotNil(t, f2)
@@ -76,6 +71,18 @@ func TestNextKeepsLingerAndMaxInflight(t *testing.T) {
 	assert.Equal(t, 1, b.q.ready)
 }
 
+// backlogged is a batcher whose linger never runs out (4 entries a batch,
+// 2 in flight), holding n entries of one tenant.
+func backlogged(t *testing.T, n int) *Batcher {
+	s := testSettings()
+	s.linger = int64(time.Hour)
+	b := handoffBatcher(s)
+	for i := range n {
+		admitNow(t, b, mk("a", "", i, 1))
+	}
+	return b
+}
+
 // admitNow admits at the clock's time, which next reads.
 func admitNow(t *testing.T, b *Batcher, es ...*entry) {
 	t.Helper()
@@ -83,4 +90,17 @@ func admitNow(t *testing.T, b *Batcher, es ...*entry) {
 		_, ok := b.q.admit(e, time.Now().UnixNano())
 		require.True(t, ok, "admit %s", e.deliver.Ref)
 	}
+}
+
+// Once its incarnation is down (Receive or a take panicked, or it is
+// restarting or stopping), a request goroutine leaves the queue alone: it
+// may be half changed.
+func TestNextTakesNothingOnceDown(t *testing.T) {
+	b := backlogged(t, 8)
+	f := b.takeDue()
+	require.NotNil(t, f)
+	b.down = true
+	assert.Nil(t, b.next(f), "four entries are due, but the batcher is down")
+	assert.Empty(t, b.running)
+	assert.Equal(t, 4, b.q.ready)
 }

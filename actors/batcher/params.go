@@ -23,7 +23,7 @@ type Counters struct {
 // Params configure one batcher incarnation: one per destination from the
 // first delivery until the batcher stops idle. They outlive restarts, so what
 // must survive a crash (the count of deliveries received, the count of
-// incarnations) lives here rather than in the actor.
+// incarnations, Stop's drain) lives here rather than in the actor.
 type Params struct {
 	Name   string // the destination's name: the actor's name, in logs
 	Codec  codec.Codec
@@ -42,6 +42,7 @@ type Params struct {
 	Cancels *atomic.Uint64
 
 	received     uint64 // deliveries received, across restarts; only the actor touches it
+	drain        *Drain // Stop's drain, once begun: a restart does not end it
 	incarnations uint64 // incarnations of the actor object, across restarts
 }
 

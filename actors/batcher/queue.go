@@ -74,7 +74,7 @@ type settings struct {
 }
 
 // queue is the batching rules of one destination. Not safe for concurrent
-// use: only the batcher's Receive calls it.
+// use: the batcher calls it holding its lock.
 type queue struct {
 	s       settings
 	tenants map[string]*tenant
@@ -91,6 +91,11 @@ type queue struct {
 	lingerFrom  int64 // when the queue became non-empty or the last batch left
 	minDeadline int64 // no live entry has an earlier deadline; MaxInt64 when none
 	draining    bool  // send whatever is sendable, without waiting for Linger
+	// building is the batch a take is building (&builder), until it
+	// returns: if the take panics (alive is the caller's code), drainAll
+	// still finds it.
+	building *batchBuilder
+	builder  batchBuilder
 }
 
 func newQueue(s settings) *queue {
@@ -194,11 +199,11 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 	if q.s.oneGroup {
 		return q.takeOneGroup(now, alive)
 	}
-	b := batchBuilder{now: now, alive: alive}
+	b := q.build(now, alive)
 	for len(b.batch) < q.s.maxEntries && q.ring != nil {
 		t := q.ring
 		l := t.lanes
-		if took, full := q.offer(&b, l); full {
+		if took, full := q.offer(b, l); full {
 			break
 		} else if !took {
 			continue
@@ -223,7 +228,8 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 		q.inflight++
 		q.lingerFrom = now
 	}
-	return b.batch, groups, b.dropped
+	batch, dropped = q.built()
+	return batch, groups, dropped
 }
 
 // batchBuilder is a batch being taken.
@@ -233,6 +239,20 @@ type batchBuilder struct {
 	batch   []*entry
 	dropped []*entry
 	bytes   int
+}
+
+// build starts the batch a take builds.
+func (q *queue) build(now int64, alive func(*entry) bool) *batchBuilder {
+	q.builder = batchBuilder{now: now, alive: alive}
+	q.building = &q.builder
+	return q.building
+}
+
+// built ends the take that build began and returns what it built.
+func (q *queue) built() (batch, dropped []*entry) {
+	batch, dropped = q.builder.batch, q.builder.dropped
+	q.builder, q.building = batchBuilder{}, nil
+	return batch, dropped
 }
 
 // offer looks at l's head, which must be live: an abandoned head is removed
@@ -261,7 +281,7 @@ func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 // round-robin across the tenants' ungrouped lanes, passing over tenants that
 // have none ready (at most one lap without taking anything).
 func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
-	b := batchBuilder{now: now, alive: alive}
+	b := q.build(now, alive)
 	for q.ring != nil { // drop abandoned heads until one decides the group
 		l := q.ring.lanes
 		e := l.entries[l.head]
@@ -272,13 +292,14 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 		b.dropped = append(b.dropped, e)
 	}
 	if q.ring == nil {
-		return nil, nil, b.dropped
+		_, dropped = q.built()
+		return nil, nil, dropped
 	}
 	t := q.ring
 	if l := t.lanes; l.grouped {
 		l.inBatch = true
 		for len(b.batch) < q.s.maxEntries && l.live > 0 {
-			if _, full := q.offer(&b, l); full {
+			if _, full := q.offer(b, l); full {
 				break
 			}
 		}
@@ -305,7 +326,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 				misses++
 				continue
 			}
-			if took, full := q.offer(&b, p); full {
+			if took, full := q.offer(b, p); full {
 				break
 			} else if !took {
 				continue
@@ -328,7 +349,8 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 	if len(b.batch) > 0 {
 		q.inflight++
 	}
-	return b.batch, groups, b.dropped
+	batch, dropped = q.built()
+	return batch, groups, dropped
 }
 
 // complete ends a request taken by take: its groups may send again.
@@ -385,6 +407,11 @@ func (q *queue) drainAll() []*entry {
 	}
 	for _, e := range all {
 		q.remove(e)
+	}
+	if b := q.building; b != nil {
+		// A take panicked: the entries it had taken out are in no lane.
+		all = append(append(all, b.batch...), b.dropped...)
+		q.building = nil
 	}
 	return all
 }
