@@ -28,8 +28,7 @@ type waiter struct {
 	seq    uint32        // the last RequestId handed out; only its caller touches it
 	// timer is DefaultTimeout for calls whose ctx has no deadline; only its
 	// caller touches it. Reused rather than made per call: a timer was an
-	// eighth of the bytes a delivery allocates. Since Go 1.23 a stopped or
-	// reset timer's channel holds no stale tick.
+	// eighth of the bytes a delivery allocates.
 	timer *time.Timer
 	// direct is the Ref of w's deliveries: it names w to the batcher.
 	direct batcher.Direct
@@ -45,10 +44,15 @@ func (w *waiter) after(d time.Duration) <-chan time.Time {
 	return w.timer.C
 }
 
-// disarm stops the timer after armed, if any.
+// disarm stops the timer after armed, if any. Draining a tick that fired
+// meanwhile keeps the next call safe even with GODEBUG=asynctimerchan=1,
+// where a stopped timer's channel may still hold one.
 func (w *waiter) disarm() {
-	if w.timer != nil {
-		w.timer.Stop()
+	if w.timer != nil && !w.timer.Stop() {
+		select {
+		case <-w.timer.C:
+		default:
+		}
 	}
 }
 
