@@ -568,6 +568,39 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 	}
 }
 
+// 10, 3 and 5 across a restart: a request of the crashed batcher, which its
+// codec is slow to give up, still holds its slot and its group: the new
+// batcher sends nothing until it ends.
+func TestACrashedBatchersRequestHoldsItsSlotUntilItEnds(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "crash"})
+	release := make(chan struct{})
+	var inflight, most atomic.Int64
+	fc := fakecodec.New("q", lim10)
+	fc.Tune = codec.Tuning{MaxInflight: 1, Linger: time.Millisecond}
+	fc.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if string(batch[0].Body) == "1" {
+			<-release // deaf to its cancelled ctx
+		}
+		return make([]codec.Result, len(batch)), nil
+	}
+	c := &panicky{fc}
+	first := deliverAsync(inst, c, msg("a", "g", "1"), 30*time.Second)
+	require.Eventually(t, func() bool { return fc.Requests() == 1 }, 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, await(t, deliverAsync(inst, c, msg("a", "", "boom"), 30*time.Second)).err, messages.ErrBatcherDown)
+	assert.ErrorIs(t, await(t, first).err, messages.ErrBatcherDown)
+
+	second := deliverAsync(inst, c, msg("a", "g", "2"), 30*time.Second)
+	time.Sleep(50 * time.Millisecond) // its linger is 1 ms: it would be out by now
+	assert.Equal(t, int64(1), fc.Requests(), "g's next message waits for the crashed batcher's request")
+	close(release)
+	assert.NoError(t, await(t, second).err)
+	assert.Equal(t, int64(1), most.Load(), "one request in flight at a time")
+}
+
 // brokenListener is a batcher.Listener whose Listening panics: a bug in
 // code the batcher calls while it takes a batch.
 type brokenListener struct {

@@ -118,6 +118,7 @@ type Batcher struct {
 	validator codec.Validator
 	q         *queue
 	running   map[*inflight]struct{} // the batches whose request is running
+	own       int                    // this incarnation's request goroutines
 	// no unanswered entry in a request has an earlier deadline; MaxInt64: none
 	inflightDeadline int64
 	aliveFn          func(*entry) bool
@@ -267,6 +268,8 @@ func (b *Batcher) settle(ctx actor.Context) {
 		if f == nil {
 			break
 		}
+		b.own++
+		b.p.goroutines.Add(1)
 		b.p.Requests.Add(1)
 		go b.run(f)
 	}
@@ -279,10 +282,18 @@ func (b *Batcher) settle(ctx actor.Context) {
 	b.publish()
 
 	wake := b.q.wake()
+	if b.inherited() && wake != 0 {
+		// Nothing may go out yet (their ends wake the batcher), but
+		// deadlines still pass.
+		wake = 0
+		if b.q.queued > 0 {
+			wake = b.q.minDeadline
+		}
+	}
 	if len(b.running) > 0 && b.inflightDeadline != math.MaxInt64 && (wake == 0 || b.inflightDeadline < wake) {
 		wake = b.inflightDeadline
 	}
-	if b.q.queued > 0 || b.q.inflight > 0 {
+	if b.q.queued > 0 || b.q.inflight > 0 || b.inherited() {
 		b.idleSince, b.idleReported = 0, false
 	} else if b.p.drain != nil {
 		if !b.drainedSent && b.p.received == b.p.drain.Expect {
@@ -307,6 +318,9 @@ func (b *Batcher) settle(ctx actor.Context) {
 // flight. The queue counts slots: it never has more than MaxInflight
 // batches out.
 func (b *Batcher) takeDue() *inflight {
+	if b.inherited() {
+		return nil
+	}
 	trigger, ok := b.q.due(b.now)
 	if !ok {
 		return nil
@@ -318,6 +332,15 @@ func (b *Batcher) takeDue() *inflight {
 	}
 	b.answerDropped(dropped)
 	return f
+}
+
+// inherited reports whether request goroutines of an incarnation that
+// crashed are still running. Their requests were cancelled, but a codec may
+// take a while to notice; until they end this incarnation sends nothing,
+// so that MaxInflight and each group's single request in flight hold
+// across a restart. Each of them tells the batcher when it ends.
+func (b *Batcher) inherited() bool {
+	return b.p.goroutines.Load() > int64(b.own)
 }
 
 // launch registers a batch taken from the queue as in flight.
@@ -361,6 +384,10 @@ func (b *Batcher) next(f *inflight) (g *inflight) {
 			g = nil
 			b.down = true
 			tell(b.system, b.self, &failed{from: b, reason: r, stack: debug.Stack()})
+		}
+		if g == nil { // the goroutine ends
+			b.own--
+			b.p.goroutines.Add(-1)
 		}
 	}()
 	delete(b.running, f)

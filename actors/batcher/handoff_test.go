@@ -14,6 +14,7 @@ import (
 // no goroutine.
 func handoffBatcher(s settings) *Batcher {
 	return &Batcher{
+		p:                &Params{},
 		q:                newQueue(s),
 		running:          map[*inflight]struct{}{},
 		inflightDeadline: math.MaxInt64,
@@ -103,4 +104,14 @@ func TestNextTakesNothingOnceDown(t *testing.T) {
 	assert.Nil(t, b.next(f), "four entries are due, but the batcher is down")
 	assert.Empty(t, b.running)
 	assert.Equal(t, 4, b.q.ready)
+}
+
+// While request goroutines of a crashed incarnation still run, nothing is
+// taken: they may hold slots and groups the new queue knows nothing of.
+func TestNothingIsTakenWhileACrashedIncarnationsRequestsRun(t *testing.T) {
+	b := backlogged(t, 8)
+	b.p.goroutines.Add(1) // the crashed incarnation's
+	assert.Nil(t, b.takeDue())
+	b.p.goroutines.Add(-1)
+	assert.NotNil(t, b.takeDue())
 }

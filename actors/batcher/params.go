@@ -41,9 +41,10 @@ type Params struct {
 	// refused delivery.
 	Cancels *atomic.Uint64
 
-	received     uint64 // deliveries received, across restarts; only the actor touches it
-	drain        *Drain // Stop's drain, once begun: a restart does not end it
-	incarnations uint64 // incarnations of the actor object, across restarts
+	goroutines   atomic.Int64 // request goroutines running, of every incarnation
+	received     uint64       // deliveries received, across restarts; only the actor touches it
+	drain        *Drain       // Stop's drain, once begun: a restart does not end it
+	incarnations uint64       // incarnations of the actor object, across restarts
 }
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with
