@@ -24,7 +24,9 @@
 // (protoactor races on a second reply to a future). A restart makes a new
 // Batcher. The crashed one is down from the moment it panics: its request
 // goroutines finish their requests but take nothing more from its queue,
-// and a failure one of them reports cannot restart its successor.
+// and a failure one of them reports cannot restart its successor, which
+// sends nothing until they have ended (they hold slots and groups it does
+// not know of).
 //
 // # Messages
 //
