@@ -574,6 +574,9 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 func TestACrashedBatchersRequestHoldsItsSlotUntilItEnds(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "crash"})
 	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // before the instance's Stop, even if the test fails early
 	var inflight, most atomic.Int64
 	fc := fakecodec.New("q", lim10)
 	fc.Tune = codec.Tuning{MaxInflight: 1, Linger: time.Millisecond}
@@ -596,7 +599,7 @@ func TestACrashedBatchersRequestHoldsItsSlotUntilItEnds(t *testing.T) {
 	second := deliverAsync(inst, c, msg("a", "g", "2"), 30*time.Second)
 	time.Sleep(50 * time.Millisecond) // its linger is 1 ms: it would be out by now
 	assert.Equal(t, int64(1), fc.Requests(), "g's next message waits for the crashed batcher's request")
-	close(release)
+	open()
 	assert.NoError(t, await(t, second).err)
 	assert.Equal(t, int64(1), most.Load(), "one request in flight at a time")
 }

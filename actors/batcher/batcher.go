@@ -146,8 +146,9 @@ type Batcher struct {
 
 // Receive handles one message. It never waits on a request: requests run on
 // their own goroutines, which hold mu only to hand their slot on. If it
-// panics, this incarnation is down at once: its request goroutines take
-// nothing more from its queue, which may be half changed.
+// panics, or a request goroutine's take does, this incarnation is down at
+// once: nothing more is taken from its queue, which may be half changed,
+// and until the restart a delivery is answered ErrBatcherDown.
 func (b *Batcher) Receive(ctx actor.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -165,6 +166,13 @@ func (b *Batcher) receive(ctx actor.Context) {
 	b.now = time.Now().UnixNano()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
+		if b.down {
+			// A request goroutine failed; the restart is on its way, and
+			// the queue may be half changed.
+			b.p.received++
+			b.reply(ctx.Sender(), m, codec.Result{Err: messages.ErrBatcherDown})
+			return
+		}
 		b.deliver(ctx.Sender(), m)
 	case *done:
 	case *tick:
@@ -195,7 +203,9 @@ func (b *Batcher) receive(ctx actor.Context) {
 	default:
 		return
 	}
-	b.settle(ctx)
+	if !b.down {
+		b.settle(ctx)
+	}
 }
 
 func (b *Batcher) start(ctx actor.Context) {
@@ -318,7 +328,7 @@ func (b *Batcher) settle(ctx actor.Context) {
 // flight. The queue counts slots: it never has more than MaxInflight
 // batches out.
 func (b *Batcher) takeDue() *inflight {
-	if b.inherited() {
+	if b.down || b.inherited() {
 		return nil
 	}
 	trigger, ok := b.q.due(b.now)
@@ -380,14 +390,17 @@ func (b *Batcher) next(f *inflight) (g *inflight) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer func() {
-		if r := recover(); r != nil {
+		r := recover()
+		if r != nil {
 			g = nil
 			b.down = true
-			tell(b.system, b.self, &failed{from: b, reason: r, stack: debug.Stack()})
 		}
 		if g == nil { // the goroutine ends
 			b.own--
 			b.p.goroutines.Add(-1)
+		}
+		if r != nil {
+			tell(b.system, b.self, &failed{from: b, reason: r, stack: debug.Stack()})
 		}
 	}()
 	delete(b.running, f)
@@ -536,9 +549,10 @@ func (b *Batcher) alive(e *entry) bool {
 // sender PID's RequestId (the front door's Deliver pools them). A batcher
 // asks it whether a call still waits instead of relying on the process
 // leaving the registry, and answers it directly, with no
-// *messages.Delivered: Answer drops the answer to a call that is over. Both
-// are called with the batcher's lock held, from its actor or a request
-// goroutine: they must be quick, must not block, and get a non-nil pid.
+// *messages.Delivered: Answer drops the answer to a call that is over. They
+// are called from the batcher's actor and its request goroutines, often
+// with its lock held: they must be quick, must not block or panic, and get
+// a non-nil pid.
 type Listener interface {
 	Listening(pid *actor.PID) bool
 	Answer(pid *actor.PID, r codec.Result)

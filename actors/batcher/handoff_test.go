@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +115,40 @@ func TestNothingIsTakenWhileACrashedIncarnationsRequestsRun(t *testing.T) {
 	assert.Nil(t, b.takeDue())
 	b.p.goroutines.Add(-1)
 	assert.NotNil(t, b.takeDue())
+}
+
+// A take that panics on a request goroutine ends the goroutine (counted
+// once), marks the incarnation down and tells the batcher; nothing is taken
+// after it, and the entry it had taken out is still there for the restart
+// to answer.
+func TestNextThatPanicsLeavesItsTakeForTheRestart(t *testing.T) {
+	s := testSettings()
+	s.maxInflight = 1
+	s.linger = 0
+	b := handoffBatcher(s)
+	system := actor.NewActorSystem()
+	defer system.Shutdown()
+	b.system, b.self = system, &actor.PID{Address: system.Address(), Id: "nobody"}
+	admitNow(t, b, mk("z", "", 1, 1))
+	b.now = time.Now().UnixNano()
+	f := b.takeDue()
+	require.NotNil(t, f)
+	b.own++ // as settle does when it starts f's goroutine
+	b.p.goroutines.Add(1)
+
+	admitNow(t, b, mk("a", "", 1, 1), mk("b", "", 1, 1))
+	b.aliveFn = func(e *entry) bool {
+		if e.deliver.Message.Tenant == "b" {
+			panic("listener bug")
+		}
+		return true
+	}
+	assert.Nil(t, b.next(f))
+	assert.True(t, b.down)
+	assert.Equal(t, 0, b.own)
+	assert.Equal(t, int64(0), b.p.goroutines.Load())
+
+	b.now = time.Now().UnixNano()
+	assert.Nil(t, b.takeDue(), "a down incarnation takes nothing")
+	assert.ElementsMatch(t, []string{"a//1", "b//1"}, refs(b.q.drainAll()), "what the restart answers")
 }
