@@ -20,6 +20,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -61,7 +62,7 @@ func msg(tenant, group, body string) codec.Message {
 
 // 1. One batcher per destination.
 func TestConcurrentFirstDeliveriesStartOneBatcher(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	_, inst := start(t, actors.Config{Name: "one", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	const n = 200
 	codecs := make([]*fakecodec.Codec, n) // distinct values, one identity
@@ -88,7 +89,7 @@ func TestConcurrentFirstDeliveriesStartOneBatcher(t *testing.T) {
 }
 
 func TestCodecsThatDifferOnlyInCredentialsNeverShareARequest(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	system, inst := start(t, actors.Config{Name: "creds", Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	a := fakecodec.New("queue-1|key=AKIA|secret=TOPSECRET-A", lim10)
 	b := fakecodec.New("queue-1|key=AKIA|secret=TOPSECRET-B", lim10)
@@ -411,7 +412,7 @@ func TestAbandonedEntriesAreNotSentAndFreeTheirRoom(t *testing.T) {
 // 8. SendBatch panics and wrong result counts answer the batch; the batcher
 // goes on.
 func TestCodecFaultsAnswerTheBatch(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	_, inst := start(t, actors.Config{Name: "faults", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	c := fakecodec.New("q", lim10)
 	c.Tune.Linger = time.Millisecond
@@ -536,7 +537,7 @@ func (p panicky) Size(m codec.Message) int {
 
 // 10. A crashed batcher answers everything it held, and is back.
 func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	_, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	fc, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Hour})
 	c := &panicky{fc}
@@ -624,7 +625,7 @@ func (l *brokenListener) Answer(_ *actor.PID, r codec.Result) { l.answers <- r }
 // every caller it held is answered, the one whose entry the failed take had
 // already taken out of the queue too.
 func TestPanicOnARequestGoroutineRestartsTheBatcher(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	system, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 2, Linger: time.Millisecond})
 	first := deliverAsync(inst, c, msg("z", "", "1"), 30*time.Second)
@@ -670,7 +671,7 @@ func TestPanicOnARequestGoroutineRestartsTheBatcher(t *testing.T) {
 
 // 11. Idle stop, and deliveries racing it.
 func TestIdleBatcherStopsAndIsReplaced(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	_, inst := start(t, actors.Config{Name: "idle", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	c := fakecodec.New("q", lim10)
 	c.Tune = codec.Tuning{IdleTimeout: 20 * time.Millisecond, Linger: time.Millisecond}
@@ -682,7 +683,7 @@ func TestIdleBatcherStopsAndIsReplaced(t *testing.T) {
 }
 
 func TestDeliveriesRacingIdleStopsAreNeitherLostNorLate(t *testing.T) {
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	_, inst := start(t, actors.Config{Name: "race", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	// One sequential caller per destination: each next delivery races its
 	// batcher's idle stop, which is reported a nanosecond after each answer.

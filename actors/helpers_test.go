@@ -1,9 +1,7 @@
 package actors_test
 
 import (
-	"bytes"
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -12,26 +10,6 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
-
-// logSink collects log lines from any goroutine.
-type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logSink) Count(s string) int { return strings.Count(l.String(), s) }
 
 // valve makes a fake codec's requests wait until opened; it records which
 // groups each running request holds, to catch two requests of one group in

@@ -23,6 +23,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 // TestCredentialsNeverLeak sends through real SQS codecs (on kumo) whose
@@ -48,7 +49,7 @@ func TestCredentialsNeverLeak(t *testing.T) {
 	out, err := admin.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String("leak-test")})
 	require.NoError(t, err)
 
-	logs := &logSink{}
+	logs := &testinst.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
 	defer system.Shutdown()

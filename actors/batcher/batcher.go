@@ -443,7 +443,7 @@ func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
 	report.Duration = time.Since(start)
 	for i, e := range f.entries {
 		if e.claimed.CompareAndSwap(false, true) {
-			b.answer(e, results[i])
+			b.reply(e.sender, e.deliver, results[i])
 		}
 	}
 	return report
@@ -501,9 +501,6 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 	}
 	return res, err
 }
-
-// answer answers e's caller with r.
-func (b *Batcher) answer(e *entry, r codec.Result) { b.reply(e.sender, e.deliver, r) }
 
 // reply answers the sender of d with r: straight to its Listener if d names
 // one (which drops the answer to a call that is over), else with a
@@ -578,7 +575,7 @@ func listenerOf(d *messages.Deliver) Listener {
 func (b *Batcher) answerDropped(dropped []*entry) {
 	for _, e := range dropped {
 		if e.deadline <= b.now {
-			b.answer(e, codec.Result{Err: errExpired})
+			b.reply(e.sender, e.deliver, codec.Result{Err: errExpired})
 		}
 	}
 }
@@ -597,7 +594,7 @@ func (b *Batcher) expireInFlight() {
 			}
 			if e.deadline <= b.now {
 				if e.claimed.CompareAndSwap(false, true) {
-					b.answer(e, codec.Result{Err: errExpiredInFlight})
+					b.reply(e.sender, e.deliver, codec.Result{Err: errExpiredInFlight})
 				}
 				continue
 			}
@@ -619,12 +616,12 @@ func (b *Batcher) answerAll(err error) {
 		b.current = nil
 	}
 	for _, e := range b.q.drainAll() {
-		b.answer(e, codec.Result{Err: err})
+		b.reply(e.sender, e.deliver, codec.Result{Err: err})
 	}
 	for f := range b.running {
 		for _, e := range f.entries {
 			if e.claimed.CompareAndSwap(false, true) {
-				b.answer(e, codec.Result{Err: err})
+				b.reply(e.sender, e.deliver, codec.Result{Err: err})
 			}
 		}
 		f.cancel()

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 func TestMain(m *testing.M) {
@@ -35,24 +35,6 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// syncBuffer is a bytes.Buffer that the test reads while run writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // testArgs keep a run short and light enough for go test -race on two
 // shared cores.
 var testArgs = []string{"-duration", "3s", "-load", "0.2", "-log-level", "warn"}
@@ -64,7 +46,7 @@ var runArgs = append([]string{"-duration", "4s"}, testArgs[2:]...)
 // TestRun runs the whole demo: every scripted event happens, and the read
 // back finds nothing lost or out of order.
 func TestRun(t *testing.T) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr testinst.Buffer
 	code := run(context.Background(), runArgs, &stdout, &stderr)
 	out := stdout.String()
 	t.Log("\n" + out)
@@ -88,7 +70,7 @@ func TestMetrics(t *testing.T) {
 	awsEnv(t)
 	sqsSrv := kumo.NewServer()
 	defer sqsSrv.Close()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testinst.Buffer
 	var code int
 	finished := make(chan struct{})
 	go func() {
@@ -176,7 +158,7 @@ func TestExternal(t *testing.T) {
 	_, err = psSrv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: topic})
 	require.NoError(t, err)
 
-	var stdout, stderr syncBuffer
+	var stdout, stderr testinst.Buffer
 	args := append([]string{
 		"-sqs-queue-url", aws.ToString(q.QueueUrl), "-sqs-endpoint", sqsSrv.URL,
 		"-pubsub-topic", topic, "-pubsub-endpoint", psSrv.Addr,

@@ -138,14 +138,7 @@ func TestThroughBatcherOrderedAndUnordered(t *testing.T) {
 }
 
 func TestThroughBatcherPoisonIsBisected(t *testing.T) {
-	rec := &recorder{fail: func(_ int64, req *pubsubpb.PublishRequest) error {
-		for _, m := range req.Messages {
-			if string(m.Data) == "poison" {
-				return status.Error(codes.InvalidArgument, "poison")
-			}
-		}
-		return nil
-	}}
+	rec := &recorder{fail: refusePoison}
 	srv := newServer(t, rec.option())
 	c := newCodec(t, srv.Addr, testTopic, codec.Tuning{Linger: 200 * time.Millisecond})
 	inst := startInstance(t)

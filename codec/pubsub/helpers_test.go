@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -54,6 +56,17 @@ func (r *recorder) option() pstest.ServerReactorOption {
 		}
 		return false, nil, nil
 	})}
+}
+
+// refusePoison is a recorder's fail that refuses, as Pub/Sub refuses an
+// invalid message, every request holding a message whose data is "poison".
+func refusePoison(_ int64, req *pubsubpb.PublishRequest) error {
+	for _, m := range req.Messages {
+		if string(m.Data) == "poison" {
+			return status.Error(codes.InvalidArgument, "poison")
+		}
+	}
+	return nil
 }
 
 func (r *recorder) requests() []*pubsubpb.PublishRequest {

@@ -579,14 +579,7 @@ func TestMixedOrderingKeys(t *testing.T) {
 	})
 
 	t.Run("a refusal is bisected within its key", func(t *testing.T) {
-		rec := &recorder{fail: func(_ int64, req *pubsubpb.PublishRequest) error {
-			for _, m := range req.Messages {
-				if string(m.Data) == "poison" {
-					return status.Error(codes.InvalidArgument, "poison")
-				}
-			}
-			return nil
-		}}
+		rec := &recorder{fail: refusePoison}
 		srv := newServer(t, rec.option())
 		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
 		batch := []codec.Message{
