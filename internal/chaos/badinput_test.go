@@ -129,7 +129,9 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 			assert.False(t, errors.Is(err, context.DeadlineExceeded), "answered, not timed out: %v", err)
 			tc.check(t, err)
 			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch"), "the error names its source: %v", err)
-			assert.Less(t, took, timeout/10, "answered at once")
+			// Typically under 25 ms; the bound only tells an answer from a
+			// wait for the deadline on a loaded machine.
+			assert.Less(t, took, timeout/2, "answered at once, not at the deadline")
 			assert.Zero(t, inst.Stats().Queued, "nothing stays queued")
 			if !tc.sends {
 				assert.Equal(t, batches, sqsEnv.Proxy.Batches.Load(), "no SendMessageBatch was made")
