@@ -23,6 +23,19 @@ type Message struct {
 	IdempotencyKey string
 	Body           []byte
 	Attributes     map[string]string
+	// Trace is the W3C trace context the message carries to its consumer.
+	// The batcher sets it to the message's create span when the instance
+	// traces; a codec writes it into the message as its destination's
+	// consumers read it (and may be told not to), and counts it in Size and
+	// in its attribute limits.
+	Trace TraceContext
+}
+
+// TraceContext is a W3C trace context (https://www.w3.org/TR/trace-context/)
+// in its header form. The zero value carries nothing.
+type TraceContext struct {
+	Parent string // the traceparent header, e.g. "00-<trace id>-<span id>-01"
+	State  string // the tracestate header; often ""
 }
 
 // Result is the destination's answer for one message of a batch.
@@ -61,6 +74,82 @@ type Tuning struct {
 	TenantMax     int           // default 1024
 	RetryAfterMax time.Duration // ceiling of the full-jitter retry-after on refusal; default 1s
 	IdleTimeout   time.Duration // default 1 minute
+	// WhenFull says what happens to a delivery that does not fit the queue.
+	WhenFull FullPolicy // Refuse (default) or Block
+	// StrictGroups: a retryable failure of a message pauses its group until
+	// the message is retried, the group is resumed, or GroupPauseMax passes.
+	StrictGroups  bool
+	GroupPauseMax time.Duration // a paused group resumes on its own after this; default 30s
+	// Adaptive: the in-flight limit adapts between 1 and MaxInflight to the
+	// destination's request time and throttling.
+	Adaptive bool
+}
+
+// FullPolicy says what a destination does with a delivery that does not fit
+// its queue's bounds.
+type FullPolicy int
+
+// The policies for a full queue.
+const (
+	Refuse FullPolicy = iota // a delivery that does not fit is answered *messages.RetryAfterError at once
+	Block                    // it waits for room until its deadline
+)
+
+func (p FullPolicy) String() string {
+	switch p {
+	case Refuse:
+		return "Refuse"
+	case Block:
+		return "Block"
+	}
+	return fmt.Sprintf("FullPolicy(%d)", int(p))
+}
+
+// Check reports the first field of t that no destination with limits lim
+// accepts: a negative bound, a size above the limits, an unknown policy. The
+// error names the field: "sinkbatch: Tuning.MaxEntries 11 is above the
+// destination's limit 10". Codecs call it in their constructor, so a bad
+// Tuning is refused before the first delivery.
+func (t Tuning) Check(lim Limits) error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("sinkbatch: Tuning.%s %v %s", field, v, why)
+	}
+	// Every numeric field, in declaration order; the two with a ceiling
+	// carry it.
+	for _, f := range []struct {
+		name    string
+		v       int64
+		shown   any
+		ceiling int64 // 0: none
+	}{
+		{"MaxEntries", int64(t.MaxEntries), t.MaxEntries, int64(lim.MaxEntries)},
+		{"MaxBytes", int64(t.MaxBytes), t.MaxBytes, int64(lim.MaxBytes)},
+		{"Linger", int64(t.Linger), t.Linger, 0},
+		{"MaxInflight", int64(t.MaxInflight), t.MaxInflight, 0},
+		{"QueueMax", int64(t.QueueMax), t.QueueMax, 0},
+		{"QueueMaxBytes", t.QueueMaxBytes, t.QueueMaxBytes, 0},
+		{"TenantMax", int64(t.TenantMax), t.TenantMax, 0},
+		{"RetryAfterMax", int64(t.RetryAfterMax), t.RetryAfterMax, 0},
+		{"IdleTimeout", int64(t.IdleTimeout), t.IdleTimeout, 0},
+		{"GroupPauseMax", int64(t.GroupPauseMax), t.GroupPauseMax, 0},
+	} {
+		switch {
+		case f.v < 0:
+			return bad(f.name, f.shown, "is negative")
+		case f.ceiling > 0 && f.v > f.ceiling:
+			return bad(f.name, f.shown, fmt.Sprintf("is above the destination's limit %d", f.ceiling))
+		}
+	}
+	if t.WhenFull != Refuse && t.WhenFull != Block {
+		return bad("WhenFull", t.WhenFull, "is not Refuse or Block")
+	}
+	if t.QueueMaxBytes > 0 && t.MaxBytes > 0 && t.QueueMaxBytes < int64(t.MaxBytes) {
+		return bad("QueueMaxBytes", t.QueueMaxBytes, fmt.Sprintf("is below Tuning.MaxBytes %d: a full request could never be queued", t.MaxBytes))
+	}
+	if t.QueueMaxBytes > 0 && t.MaxBytes == 0 && lim.MaxBytes > 0 && t.QueueMaxBytes < int64(lim.MaxBytes) {
+		return bad("QueueMaxBytes", t.QueueMaxBytes, fmt.Sprintf("is below the destination's request limit %d: set Tuning.MaxBytes to it or below", lim.MaxBytes))
+	}
+	return nil
 }
 
 // Defaults that a zero Tuning field takes. MaxEntries and MaxBytes default to
@@ -72,6 +161,7 @@ const (
 	DefaultTenantMax     = 1024
 	DefaultRetryAfterMax = time.Second
 	DefaultIdleTimeout   = time.Minute
+	DefaultGroupPauseMax = 30 * time.Second
 )
 
 // Codec turns messages into one destination's requests. A codec value must
@@ -127,12 +217,25 @@ var (
 	// exceeds the destination's MaxBytes.
 	ErrTooLarge = errors.New("sinkbatch: message too large")
 	// ErrResultCount is wrapped by the answer to every message of a batch
-	// whose SendBatch returned a result slice of the wrong length.
+	// whose SendBatch returned a result slice of the wrong length. The
+	// request was made, so the messages may be stored: retryable, with the
+	// same idempotency key.
 	ErrResultCount = errors.New("sinkbatch: codec returned the wrong number of results")
 	// ErrCodecPanic is wrapped by the answer to every message of a batch
-	// whose SendBatch panicked.
+	// whose SendBatch panicked (retryable: the request may have been made,
+	// and the panic need not be the message's fault), and to a message whose
+	// Size or Validate panicked (permanent: that message makes the codec
+	// panic, and retrying it feeds the codec the same input).
 	ErrCodecPanic = errors.New("sinkbatch: codec panicked")
+	// ErrThrottled is wrapped by a failure the destination reported as
+	// "slow down" (SQS throttling, Pub/Sub ResourceExhausted). Retryable;
+	// an adaptive destination lowers its in-flight limit on it.
+	ErrThrottled = errors.New("sinkbatch: the destination asked to slow down")
 )
+
+// IsThrottled reports whether err is or wraps ErrThrottled, or is an
+// *EntryError with Throttled set.
+func IsThrottled(err error) bool { return errors.Is(err, ErrThrottled) }
 
 // EntryError is a failure reported by the destination (or the codec) for one
 // message, or for every message of a request that failed as a whole.
@@ -140,7 +243,11 @@ type EntryError struct {
 	Code      string // the destination's error code, e.g. "InvalidMessageContents"
 	Message   string // the destination's text
 	Permanent bool   // sending the same message again cannot succeed
+	Throttled bool   // the destination asked to slow down (see IsThrottled)
 }
+
+// Is makes errors.Is(e, ErrThrottled) true for a throttling failure.
+func (e *EntryError) Is(target error) bool { return target == ErrThrottled && e.Throttled }
 
 func (e *EntryError) Error() string {
 	kind := "retryable"
@@ -155,7 +262,9 @@ func (e *EntryError) Error() string {
 
 // IsPermanent reports whether sending the same message again cannot succeed:
 // err is, or wraps, an *EntryError with Permanent set, ErrRefused (a refusal
-// the batcher has narrowed down to this one message) or ErrTooLarge.
+// the batcher has narrowed down to this one message), ErrTooLarge,
+// ErrCodecPanic, ErrResultCount, or an error whose PermanentFailure method
+// says so (messages.ErrNilCodec).
 func IsPermanent(err error) bool {
 	if err == nil {
 		return false
@@ -163,6 +272,10 @@ func IsPermanent(err error) bool {
 	var ee *EntryError
 	if errors.As(err, &ee) {
 		return ee.Permanent
+	}
+	var pf interface{ PermanentFailure() bool }
+	if errors.As(err, &pf) {
+		return pf.PermanentFailure()
 	}
 	return errors.Is(err, ErrRefused) || errors.Is(err, ErrTooLarge)
 }

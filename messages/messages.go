@@ -49,9 +49,36 @@ var (
 	// have reached the destination. Retrying with the same idempotency key is
 	// safe.
 	ErrBatcherDown = errors.New("sinkbatch: batcher restarted before the answer was known")
-	// ErrNilCodec answers a Deliver whose Codec is nil.
-	ErrNilCodec = errors.New("sinkbatch: nil codec")
+	// ErrNilCodec answers a Deliver whose Codec is nil (a nil interface, or
+	// a typed nil pointer). Permanent (codec.IsPermanent).
+	ErrNilCodec error = permanentError("sinkbatch: nil codec")
 )
+
+// permanentError is a sentinel error that codec.IsPermanent classifies as
+// permanent.
+type permanentError string
+
+func (e permanentError) Error() string { return string(e) }
+
+// PermanentFailure marks e permanent for codec.IsPermanent.
+func (e permanentError) PermanentFailure() bool { return true }
+
+// GroupPausedError answers a delivery of a group that is paused
+// (Tuning.StrictGroups): an earlier message of the group failed and has not
+// been retried yet. The message was never sent. Retryable: deliver it again
+// after retrying the failed message (the one whose IdempotencyKey is Key),
+// or after the group resumes.
+type GroupPausedError struct {
+	Group string // the paused group
+	Key   string // IdempotencyKey of the failed message whose retry resumes the group ("" if it had none)
+}
+
+func (e *GroupPausedError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("sinkbatch: group %q is paused after a failure", e.Group)
+	}
+	return fmt.Sprintf("sinkbatch: group %q is paused until the message with idempotency key %q is retried", e.Group, e.Key)
+}
 
 // FullReason says which bound refused a delivery.
 type FullReason int

@@ -59,32 +59,8 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes)
 	}
 	t := c.Tuning()
-	bad := func(field string, v any, why string) (codec.Tuning, error) {
-		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Tuning.%s %v %s", c.Name(), field, v, why)
-	}
-	// Every field, in declaration order; the two with a ceiling carry it.
-	for _, f := range []struct {
-		name    string
-		v       int64
-		shown   any
-		ceiling int64 // 0: none
-	}{
-		{"MaxEntries", int64(t.MaxEntries), t.MaxEntries, int64(lim.MaxEntries)},
-		{"MaxBytes", int64(t.MaxBytes), t.MaxBytes, int64(lim.MaxBytes)},
-		{"Linger", int64(t.Linger), t.Linger, 0},
-		{"MaxInflight", int64(t.MaxInflight), t.MaxInflight, 0},
-		{"QueueMax", int64(t.QueueMax), t.QueueMax, 0},
-		{"QueueMaxBytes", t.QueueMaxBytes, t.QueueMaxBytes, 0},
-		{"TenantMax", int64(t.TenantMax), t.TenantMax, 0},
-		{"RetryAfterMax", int64(t.RetryAfterMax), t.RetryAfterMax, 0},
-		{"IdleTimeout", int64(t.IdleTimeout), t.IdleTimeout, 0},
-	} {
-		switch {
-		case f.v < 0:
-			return bad(f.name, f.shown, "is negative")
-		case f.ceiling > 0 && f.v > f.ceiling:
-			return bad(f.name, f.shown, fmt.Sprintf("is above the destination's limit %d", f.ceiling))
-		}
+	if err := t.Check(lim); err != nil {
+		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: %w", c.Name(), err)
 	}
 	orDefault(&t.MaxEntries, lim.MaxEntries)
 	orDefault(&t.MaxBytes, lim.MaxBytes)
@@ -95,6 +71,7 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	orDefault(&t.Linger, codec.DefaultLinger)
 	orDefault(&t.RetryAfterMax, codec.DefaultRetryAfterMax)
 	orDefault(&t.IdleTimeout, codec.DefaultIdleTimeout)
+	orDefault(&t.GroupPauseMax, codec.DefaultGroupPauseMax)
 	return t, nil
 }
 
