@@ -135,6 +135,16 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	return inst, nil
 }
 
+// ErrNilContext answers a Deliver or DeliverResult called with a nil
+// context. Permanent (codec.IsPermanent): pass context.Background() or a
+// context with the caller's deadline.
+var ErrNilContext error = nilContextError{}
+
+type nilContextError struct{}
+
+func (nilContextError) Error() string          { return "sinkbatch: Deliver: nil context" }
+func (nilContextError) PermanentFailure() bool { return true }
+
 // Deliver sends m to the destination c describes and returns when m's own
 // result is known: the destination's message id, or why it was not accepted
 // (see package messages for what each error means). It waits until ctx's
@@ -154,6 +164,12 @@ func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) 
 // its message id and, where the destination assigns one (SQS FIFO queues),
 // its sequence number. The error is the same as Deliver's; Result.Err is nil.
 func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Message) (codec.Result, error) {
+	if ctx == nil {
+		return codec.Result{}, ErrNilContext
+	}
+	if c == nil {
+		return codec.Result{}, messages.ErrNilCodec
+	}
 	if err := ctx.Err(); err != nil {
 		return codec.Result{}, err
 	}
@@ -180,7 +196,7 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 	case <-ctx.Done():
 		w.abandon(sender)
 		if ctx.Err() == context.Canceled {
-			i.sup.Cancelled(c)
+			i.sup.Cancelled()
 		}
 		return codec.Result{}, ctx.Err()
 	case <-timeout:

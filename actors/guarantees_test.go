@@ -525,28 +525,32 @@ func TestCallerInARequestIsAnsweredAtItsDeadline(t *testing.T) {
 	assert.NotEmpty(t, r.id)
 }
 
-// panicky crashes the batcher when Size sees "boom".
-type panicky struct{ *fakecodec.Codec }
+// crashOnRefusal is a Recorder whose Refused panics once armed: a bug in the
+// operator's metrics code, called from the batcher's Receive, restarts the
+// batcher.
+type crashOnRefusal struct{ armed atomic.Bool }
 
-func (p panicky) Size(m codec.Message) int {
-	if string(m.Body) == "boom" {
-		panic("size bug")
+func (r *crashOnRefusal) Sink(string) telemetry.SinkRecorder { return r }
+func (r *crashOnRefusal) Flushed(telemetry.Flush)            {}
+func (r *crashOnRefusal) Refused(messages.FullReason) {
+	if r.armed.CompareAndSwap(true, false) {
+		panic("recorder bug")
 	}
-	return len(m.Body)
 }
 
 // 10. A crashed batcher answers everything it held, and is back.
 func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 	logs := &testinst.Buffer{}
-	_, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	fc, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Hour})
-	c := &panicky{fc}
+	crash := &crashOnRefusal{}
+	_, inst := start(t, actors.Config{Name: "crash", Logger: slog.New(slog.NewTextHandler(logs, nil)), Recorder: crash})
+	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, Linger: time.Hour, QueueMax: 10})
 	var chans []<-chan result
-	for range 15 { // 10 in flight, 5 queued
+	for range 20 { // 10 in flight, 10 queued
 		chans = append(chans, deliverAsync(inst, c, msg("a", "", "x"), 30*time.Second))
 	}
-	require.Eventually(t, func() bool { return v.entered.Load() == 1 && inst.Stats().Queued == 5 }, 5*time.Second, time.Millisecond)
-	boom := deliverAsync(inst, c, msg("a", "", "boom"), 30*time.Second)
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 && inst.Stats().Queued == 10 }, 5*time.Second, time.Millisecond)
+	crash.armed.Store(true)
+	boom := deliverAsync(inst, c, msg("a", "", "boom"), 30*time.Second) // refused: the queue is full
 	start := time.Now()
 	for _, ch := range append(chans, boom) {
 		assert.ErrorIs(t, await(t, ch).err, messages.ErrBatcherDown)
@@ -554,7 +558,7 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 	assert.Less(t, time.Since(start), 5*time.Second, "callers were answered at once, not at their deadline")
 	assert.Contains(t, logs.String(), "level=WARN msg=\"sinkbatch: batcher crashed; restarting it\"")
 	assert.Contains(t, logs.String(), "destination=fake-")
-	assert.Contains(t, logs.String(), "size bug")
+	assert.Contains(t, logs.String(), "recorder bug")
 	require.Eventually(t, func() bool { return inst.Stats() == actors.Stats{Batchers: 1} }, 5*time.Second, time.Millisecond)
 
 	v.Open() // the cancelled request's late result is ignored
@@ -573,15 +577,16 @@ func TestBatcherCrashAnswersEveryoneAndRestarts(t *testing.T) {
 // codec is slow to give up, still holds its slot and its group: the new
 // batcher sends nothing until it ends.
 func TestACrashedBatchersRequestHoldsItsSlotUntilItEnds(t *testing.T) {
-	_, inst := start(t, actors.Config{Name: "crash"})
+	crash := &crashOnRefusal{}
+	_, inst := start(t, actors.Config{Name: "crash", Recorder: crash})
 	release := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(open) // before the instance's Stop, even if the test fails early
 	var inflight, most atomic.Int64
-	fc := fakecodec.New("q", lim10)
-	fc.Tune = codec.Tuning{MaxInflight: 1, Linger: time.Millisecond}
-	fc.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+	c := fakecodec.New("q", lim10)
+	c.Tune = codec.Tuning{MaxInflight: 1, Linger: time.Millisecond, QueueMax: 1}
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		n := inflight.Add(1)
 		defer inflight.Add(-1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
@@ -591,15 +596,18 @@ func TestACrashedBatchersRequestHoldsItsSlotUntilItEnds(t *testing.T) {
 		}
 		return make([]codec.Result, len(batch)), nil
 	}
-	c := &panicky{fc}
 	first := deliverAsync(inst, c, msg("a", "g", "1"), 30*time.Second)
-	require.Eventually(t, func() bool { return fc.Requests() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return c.Requests() == 1 }, 5*time.Second, time.Millisecond)
+	filler := deliverAsync(inst, c, msg("a", "g", "filler"), 30*time.Second)
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 5*time.Second, time.Millisecond)
+	crash.armed.Store(true)
 	assert.ErrorIs(t, await(t, deliverAsync(inst, c, msg("a", "", "boom"), 30*time.Second)).err, messages.ErrBatcherDown)
+	assert.ErrorIs(t, await(t, filler).err, messages.ErrBatcherDown)
 	assert.ErrorIs(t, await(t, first).err, messages.ErrBatcherDown)
 
 	second := deliverAsync(inst, c, msg("a", "g", "2"), 30*time.Second)
 	time.Sleep(50 * time.Millisecond) // its linger is 1 ms: it would be out by now
-	assert.Equal(t, int64(1), fc.Requests(), "g's next message waits for the crashed batcher's request")
+	assert.Equal(t, int64(1), c.Requests(), "g's next message waits for the crashed batcher's request")
 	open()
 	assert.NoError(t, await(t, second).err)
 	assert.Equal(t, int64(1), most.Load(), "one request in flight at a time")

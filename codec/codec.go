@@ -110,9 +110,12 @@ func (p FullPolicy) String() string {
 // error names the field: "sinkbatch: Tuning.MaxEntries 11 is above the
 // destination's limit 10". Codecs call it in their constructor, so a bad
 // Tuning is refused before the first delivery.
+//
+// The error is permanent (IsPermanent): a delivery through a codec whose
+// Tuning is refused is answered with it, and retrying cannot help.
 func (t Tuning) Check(lim Limits) error {
 	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("sinkbatch: Tuning.%s %v %s", field, v, why)
+		return Permanent(fmt.Errorf("sinkbatch: Tuning.%s %v %s", field, v, why))
 	}
 	// Every numeric field, in declaration order; the two with a ceiling
 	// carry it.
@@ -232,6 +235,22 @@ var (
 	// an adaptive destination lowers its in-flight limit on it.
 	ErrThrottled = errors.New("sinkbatch: the destination asked to slow down")
 )
+
+// Permanent returns err marked permanent: IsPermanent reports true for it
+// and for anything that wraps it; errors.Is and errors.As see err through
+// it. Use it for a failure that retrying the same message cannot mend (a
+// bad configuration, a message the destination can never take).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error          { return p.error }
+func (p permanent) PermanentFailure() bool { return true }
 
 // IsThrottled reports whether err is or wraps ErrThrottled, or is an
 // *EntryError with Throttled set.

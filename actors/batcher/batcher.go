@@ -131,7 +131,14 @@ type Batcher struct {
 	idleReported bool
 	down         bool // this incarnation crashed or stopped
 	drainedSent  bool
+	aborted      bool // Stop's context ended: every delivery is answered ErrStopped
 	cancelsSeen  uint64
+	// lastFullSweep is when a refusal for fullness last swept the queue.
+	lastFullSweep int64
+	// idleReportedAt is the received count the last Idle carried; a report
+	// the supervisor could not act on (a delivery raced it) is made again.
+	idleReportedAt uint64
+	idleReportTime int64
 
 	// The delivery being handled, until it is queued or answered: a panic
 	// in between leaves it here for Restarting to answer.
@@ -181,6 +188,8 @@ func (b *Batcher) receive(ctx actor.Context) {
 		b.p.drain = m
 		b.q.draining = true
 	case *Abort:
+		b.aborted = true
+		b.q.draining = true
 		b.answerAll(messages.ErrStopped)
 	case *failed:
 		if m.from == b {
@@ -227,26 +236,32 @@ func (b *Batcher) start(ctx actor.Context) {
 
 func (b *Batcher) deliver(sender *actor.PID, d *messages.Deliver) {
 	b.p.received++
+	if b.aborted {
+		// Stop's context ended: what was still on its way is answered, not
+		// queued.
+		b.reply(sender, d, codec.Result{Err: messages.ErrStopped})
+		return
+	}
 	b.current, b.currentSender = d, sender
 	deadline := b.now + int64(b.p.DefaultTimeout)
 	if !d.Deadline.IsZero() {
-		deadline = d.Deadline.UnixNano()
+		deadline = unixNano(d.Deadline)
 	}
 	var err error
 	if deadline <= b.now {
 		err = errExpired
-	} else if b.validator != nil {
-		err = b.validator.Validate(d.Message)
+	} else {
+		err = b.validate(d.Message)
+	}
+	size := 0
+	if err == nil {
+		size, err = b.size(d.Message)
+	}
+	if err == nil && size > b.p.Tuning.MaxBytes {
+		err = fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
 	}
 	if err != nil {
 		b.current = nil
-		b.reply(sender, d, codec.Result{Err: err})
-		return
-	}
-	size := b.p.Codec.Size(d.Message)
-	if size > b.p.Tuning.MaxBytes {
-		b.current = nil
-		err := fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
 		b.reply(sender, d, codec.Result{Err: err})
 		return
 	}
@@ -254,19 +269,92 @@ func (b *Batcher) deliver(sender *actor.PID, d *messages.Deliver) {
 	reason, ok := b.q.admit(e, b.now)
 	if !ok {
 		// Room held by callers that gave up is not room: look for them
-		// only when one may have (a deadline passed, a caller cancelled).
-		if c := b.p.Cancels.Load(); b.now >= b.q.minDeadline || c != b.cancelsSeen {
-			b.cancelsSeen = c
+		// when one may have (a deadline passed, a Deliver caller
+		// cancelled), and at most every fullSweepEvery otherwise, for the
+		// actor callers that stopped waiting without saying so.
+		if c := b.p.Cancels.Load(); b.now >= b.q.minDeadline || c != b.cancelsSeen || b.now-b.lastFullSweep >= int64(fullSweepEvery) {
+			b.cancelsSeen, b.lastFullSweep = c, b.now
 			b.answerDropped(b.q.sweep(b.now, b.aliveFn))
 			reason, ok = b.q.admit(e, b.now)
 		}
 	}
-	b.current = nil
 	if !ok {
+		// Still current: if the Recorder panics, the restart answers it.
 		after := time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
 		b.p.Recorder.Refused(reason)
+		b.current = nil
 		b.reply(sender, d, codec.Result{Err: &messages.RetryAfterError{After: after, Reason: reason}})
+		return
 	}
+	b.current = nil
+}
+
+// fullSweepEvery bounds how often a full queue is swept for callers that
+// gave up without a cancel the batcher can see: a sweep costs O(queue).
+const fullSweepEvery = 10 * time.Millisecond
+
+// unixNano is t in Unix nanoseconds, saturated to the int64 range: a
+// deadline past the year 2262 is "never", not an overflow into the past.
+func unixNano(t time.Time) int64 {
+	switch {
+	case t.After(maxTime):
+		return math.MaxInt64
+	case t.Before(minTime):
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}
+
+var (
+	maxTime = time.Unix(0, math.MaxInt64)
+	minTime = time.Unix(0, math.MinInt64)
+)
+
+// CodecPanic is the answer to a delivery whose codec panicked in method
+// (Name, Identity, Limits, Tuning, Size, Validate) given value v: permanent
+// (codec.IsPermanent), wrapping codec.ErrCodecPanic.
+func CodecPanic(method string, v any) error { return &codecPanic{method: method, value: v} }
+
+// codecPanic is the answer to a message whose Size or Validate panicked:
+// permanent, since the same message makes the codec panic again, and
+// wrapping codec.ErrCodecPanic.
+type codecPanic struct {
+	method string
+	value  any
+}
+
+func (e *codecPanic) Error() string {
+	return fmt.Sprintf("%v in %s: %v", codec.ErrCodecPanic, e.method, e.value)
+}
+func (e *codecPanic) Unwrap() error          { return codec.ErrCodecPanic }
+func (e *codecPanic) PermanentFailure() bool { return true }
+
+// validate is the codec's Validate, if it has one, with a panic turned into
+// the message's answer: one bad message must not restart the batcher and
+// take every other caller's entry with it.
+func (b *Batcher) validate(m codec.Message) (err error) {
+	if b.validator == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: codec panicked in Validate", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			err = &codecPanic{method: "Validate", value: r}
+		}
+	}()
+	return b.validator.Validate(m)
+}
+
+// size is the codec's Size, with a panic turned into the message's answer
+// as in validate.
+func (b *Batcher) size(m codec.Message) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: codec panicked in Size", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			n, err = 0, &codecPanic{method: "Size", value: r}
+		}
+	}()
+	return b.p.Codec.Size(m), nil
 }
 
 // settle runs after every message: send what is due, expire what is late,
@@ -303,25 +391,58 @@ func (b *Batcher) settle(ctx actor.Context) {
 	if len(b.running) > 0 && b.inflightDeadline != math.MaxInt64 && (wake == 0 || b.inflightDeadline < wake) {
 		wake = b.inflightDeadline
 	}
-	if b.q.queued > 0 || b.q.inflight > 0 || b.inherited() {
+	switch {
+	case b.aborted:
+		// Everything held was answered ErrStopped; requests still running
+		// answer nobody. What matters is that every delivery on its way
+		// here has arrived and been answered before the batcher stops.
+		if !b.drainedSent && b.p.drain != nil && b.p.received == b.p.drain.Expect {
+			b.drainedSent = true
+			ctx.Send(ctx.Parent(), &Drained{Who: b.self})
+		}
+	case b.q.queued > 0 || b.q.inflight > 0 || b.inherited():
 		b.idleSince, b.idleReported = 0, false
-	} else if b.p.drain != nil {
+	case b.p.drain != nil:
 		if !b.drainedSent && b.p.received == b.p.drain.Expect {
 			b.drainedSent = true
 			ctx.Send(ctx.Parent(), &Drained{Who: b.self})
 		}
-	} else if !b.idleReported {
+	case b.idleReported && b.p.received != b.idleReportedAt:
+		// Deliveries that were answered without being queued (too large,
+		// invalid, expired) raced the report, so the supervisor kept the
+		// batcher: report again, at most once per IdleTimeout.
+		if again := b.idleReportTime + int64(b.p.Tuning.IdleTimeout); b.now >= again {
+			b.reportIdle(ctx)
+		} else {
+			wake = minWake(wake, again)
+		}
+	case !b.idleReported:
 		if b.idleSince == 0 {
 			b.idleSince = b.now
 		}
 		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
-			b.idleReported = true
-			ctx.Send(ctx.Parent(), &Idle{Who: b.self, Received: b.p.received})
+			b.reportIdle(ctx)
 		} else {
-			wake = b.idleSince + int64(b.p.Tuning.IdleTimeout)
+			wake = minWake(wake, b.idleSince+int64(b.p.Tuning.IdleTimeout))
 		}
 	}
 	b.arm(wake)
+}
+
+// reportIdle tells the supervisor the batcher is idle, with the count of
+// deliveries it has received: the supervisor stops it only if it forwarded
+// exactly that many.
+func (b *Batcher) reportIdle(ctx actor.Context) {
+	b.idleReported, b.idleReportedAt, b.idleReportTime = true, b.p.received, b.now
+	ctx.Send(ctx.Parent(), &Idle{Who: b.self, Received: b.p.received})
+}
+
+// minWake is the earlier of two wake times, 0 meaning none.
+func minWake(a, b int64) int64 {
+	if a == 0 {
+		return b
+	}
+	return min(a, b)
 }
 
 // takeDue takes the batch that is due now, if any, and registers it as in
@@ -378,8 +499,19 @@ func (b *Batcher) run(f *inflight) {
 		// then the batcher told.
 		f = b.next(f)
 		tell(b.system, b.self, theDone)
-		b.p.Recorder.Flushed(report)
+		b.flushed(report)
 	}
+}
+
+// flushed reports a batch to the Recorder. A panic there is logged, not
+// raised: on a request goroutine it would end the process.
+func (b *Batcher) flushed(report telemetry.Flush) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Flushed panicked", slog.Any("panic", r))
+		}
+	}()
+	b.p.Recorder.Flushed(report)
 }
 
 // next ends f's request and hands its slot to the batch due now, if any:
@@ -469,6 +601,10 @@ func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.
 			fill(out[h:], failed)
 			return 1 + first, failed
 		}
+		if held := retryableGroups(msgs[:h], out[:h]); held != nil {
+			second, failed := b.bisectHolding(ctx, msgs[h:], out[h:], held)
+			return 1 + first + second, failed
+		}
 		second, failed := b.bisect(ctx, msgs[h:], out[h:])
 		return 1 + first + second, failed
 	case errors.Is(err, codec.ErrRefused):
@@ -478,6 +614,49 @@ func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.
 	}
 	fill(out, err)
 	return 1, err
+}
+
+// errGroupHeld answers an entry of a bisected request that was not sent
+// because an earlier entry of its group failed in an earlier half: sending
+// it would store it before the earlier one, which its caller will retry.
+var errGroupHeld = errors.New("sinkbatch: not sent: an earlier message of its group failed in the same request; deliver it again after that one")
+
+// retryableGroups is the set of groups whose message in msgs failed with a
+// retryable error (its caller will send it again), or nil.
+func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]struct{} {
+	var held map[string]struct{}
+	for i, r := range out {
+		if r.Err != nil && msgs[i].Group != "" && !codec.IsPermanent(r.Err) {
+			if held == nil {
+				held = make(map[string]struct{})
+			}
+			held[msgs[i].Group] = struct{}{}
+		}
+	}
+	return held
+}
+
+// bisectHolding is bisect for the messages of msgs whose group is not in
+// held; the others are answered errGroupHeld and never sent.
+func (b *Batcher) bisectHolding(ctx context.Context, msgs []codec.Message, out []codec.Result, held map[string]struct{}) (int, error) {
+	var send []codec.Message
+	var at []int
+	for i, m := range msgs {
+		if _, ok := held[m.Group]; ok && m.Group != "" {
+			out[i] = codec.Result{Err: errGroupHeld}
+			continue
+		}
+		send, at = append(send, m), append(at, i)
+	}
+	if len(send) == 0 {
+		return 0, nil
+	}
+	res := make([]codec.Result, len(send))
+	n, failed := b.bisect(ctx, send, res)
+	for j, i := range at {
+		out[i] = res[j]
+	}
+	return n, failed
 }
 
 func fill(out []codec.Result, err error) {

@@ -35,10 +35,11 @@ type Params struct {
 	Recorder       telemetry.SinkRecorder
 	Counters       *Counters
 	Requests       *sync.WaitGroup // request goroutines; Stop waits for them
-	// Cancels counts callers of this destination that gave up before their
-	// deadline. A batcher refusing for fullness sweeps the queue only when it
-	// or the earliest deadline has moved, so a full queue costs O(1) per
-	// refused delivery.
+	// Cancels counts the instance's Deliver callers that gave up before
+	// their deadline. A batcher refusing for fullness sweeps the queue when
+	// it or the earliest deadline has moved (and at most every
+	// fullSweepEvery otherwise), so a full queue costs O(1) per refused
+	// delivery.
 	Cancels *atomic.Uint64
 
 	goroutines   atomic.Int64 // request goroutines running, of every incarnation
@@ -49,14 +50,15 @@ type Params struct {
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with
 // every zero field replaced by its default. MaxInflight defaults to
-// sinkConcurrency. The error names the value that is wrong.
+// sinkConcurrency. The error names the value that is wrong, and is
+// permanent (codec.IsPermanent).
 func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	lim := c.Limits()
 	if lim.MaxEntries <= 0 {
-		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Limits().MaxEntries %d is not positive", c.Name(), lim.MaxEntries)
+		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxEntries %d is not positive", c.Name(), lim.MaxEntries))
 	}
 	if lim.MaxBytes <= 0 {
-		return codec.Tuning{}, fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes)
+		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes))
 	}
 	t := c.Tuning()
 	if err := t.Check(lim); err != nil {

@@ -3,11 +3,13 @@ package supervisor
 import (
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // spawn asks the supervisor actor to start a route's batcher.
@@ -21,8 +23,17 @@ type stopAll struct{ done chan struct{} }
 // state lives in the Supervisor, so a restart of this actor loses nothing.
 type supervisorActor Supervisor
 
+// Receive never panics: a restart of the supervisor actor would stop every
+// batcher, and protoactor drops what is in a stopping actor's mailbox. A
+// panic (in user code it calls: a Recorder) is logged and the message's
+// work is left as far as it got.
 func (a *supervisorActor) Receive(ctx actor.Context) {
 	s := (*Supervisor)(a)
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("sinkbatch: supervisor recovered from a panic", slog.Any("panic", r), slog.String("message", fmt.Sprintf("%T", ctx.Message())), slog.String("stack", string(debug.Stack())))
+		}
+	}()
 	switch m := ctx.Message().(type) {
 	case *spawn:
 		s.spawn(ctx, m.route)
@@ -60,11 +71,11 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 		Tuning:         rt.tuning,
 		OneGroup:       rt.oneGroup,
 		DefaultTimeout: s.cfg.DefaultTimeout,
-		Logger:         s.log.With(slog.String("sink", rt.codec.Name()), slog.String("destination", rt.name)),
-		Recorder:       s.cfg.Recorder.Sink(rt.codec.Name()),
+		Logger:         s.log.With(slog.String("sink", rt.sink), slog.String("destination", rt.name)),
+		Recorder:       s.sinkRecorder(rt.sink),
 		Counters:       &s.counters,
 		Requests:       &s.requests,
-		Cancels:        &rt.cancels,
+		Cancels:        &s.cancels,
 	}
 	pid, err := ctx.SpawnNamed(batcher.Props(p), rt.name)
 	if err != nil {
@@ -86,6 +97,19 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 	rt.state.Store(uint64(len(rt.held)))
 	rt.held = nil
 	rt.mu.Unlock()
+}
+
+// sinkRecorder is the Recorder's SinkRecorder for sink, or one that records
+// nothing if the Recorder panics: a metrics bug must not keep a destination
+// from starting.
+func (s *Supervisor) sinkRecorder(sink string) (r telemetry.SinkRecorder) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("sinkbatch: Recorder.Sink panicked; this destination records nothing", slog.String("sink", sink), slog.Any("panic", v))
+			r = telemetry.Nop{}
+		}
+	}()
+	return s.cfg.Recorder.Sink(sink)
 }
 
 // idle stops a batcher that reports idleness, if nothing was forwarded to it
@@ -175,6 +199,15 @@ func (s *Supervisor) answer(held []any, err error) {
 // and report once it has answered every delivery forwarded to it.
 func (s *Supervisor) drainAll(ctx actor.Context, done chan struct{}) {
 	s.stopReq = done
+	// A route whose batcher is not started yet (its spawn still in this
+	// mailbox, which protoactor drops when the supervisor stops) answers
+	// what it holds now.
+	s.routes.Range(func(_, v any) bool {
+		if rt := v.(*route); rt.pid == nil {
+			s.retire(rt, messages.ErrStopped)
+		}
+		return true
+	})
 	for _, rt := range s.children {
 		if rt.idleStopping {
 			continue // its Terminated retires it
@@ -208,7 +241,7 @@ type restartAlways struct{ s *Supervisor }
 func (r *restartAlways) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason any, _ any) {
 	name, sink := child.Id, ""
 	if rt := r.s.children[child.Id]; rt != nil {
-		name, sink = rt.name, rt.codec.Name()
+		name, sink = rt.name, rt.sink
 	}
 	r.s.log.Warn("sinkbatch: batcher crashed; restarting it",
 		slog.String("sink", sink), slog.String("destination", name), slog.String("reason", fmt.Sprint(reason)))

@@ -24,12 +24,12 @@ const closed = uint64(1) << 63
 // silently).
 type route struct {
 	name     string // the destination's actor name: codec kind and keyed digest
+	sink     string // codec.Name(), read once, under a recover
 	codec    codec.Codec
 	tuning   codec.Tuning
 	oneGroup bool // Limits().OneGroupPerRequest
 	state    atomic.Uint64
 	target   atomic.Pointer[target]
-	cancels  atomic.Uint64 // callers of this destination that gave up early
 
 	mu      sync.Mutex
 	held    []any // messages waiting for a batcher, in arrival order

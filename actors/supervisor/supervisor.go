@@ -54,6 +54,7 @@ type Supervisor struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	stopErr  error
+	cancels  atomic.Uint64 // Deliver callers that gave up before their deadline
 
 	routes sync.Map // destination name → *route
 	codecs sync.Map // codec value → *route
@@ -128,16 +129,12 @@ func (s *Supervisor) Stats() Stats {
 // Stopping reports whether Stop has been called.
 func (s *Supervisor) Stopping() bool { return s.stopping.Load() }
 
-// Cancelled notes that a caller of c's destination gave up before its
-// deadline, so that a full queue looks for the room it held.
-func (s *Supervisor) Cancelled(c codec.Codec) {
-	if !cacheable(c) {
-		return
-	}
-	if v, ok := s.codecs.Load(c); ok {
-		v.(*route).cancels.Add(1)
-	}
-}
+// Cancelled notes that a Deliver caller gave up before its deadline, so
+// that a full queue looks for the room it held. It is counted per instance,
+// not per destination: finding the destination would cost a digest for
+// codecs that are not cached, and a sweep a full queue does in vain costs
+// less than room held by callers that left.
+func (s *Supervisor) Cancelled() { s.cancels.Add(1) }
 
 // Stop drains the instance: see actors.Instance.Stop.
 func (s *Supervisor) Stop(ctx context.Context) error {
@@ -161,6 +158,14 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		s.system.Root.Send(s.parent, &batcher.Abort{})
 		err = fmt.Errorf("sinkbatch: stop: %w", ctx.Err())
+		// An aborted batcher answers ErrStopped to what it holds and to
+		// every delivery still on its way to its mailbox, which protoactor
+		// would drop when it stops. That takes a moment, not a request.
+		select {
+		case <-drained:
+		case <-time.After(abortGrace):
+			s.log.Error("sinkbatch: stop: batchers did not answer their mailboxes in time; deliveries in them are lost", slog.Duration("grace", abortGrace))
+		}
 	}
 	// protoactor's Shutdown does not stop actors: stop the batchers (a
 	// batcher answers whatever it still holds with ErrStopped) and then
@@ -186,6 +191,11 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 	close(s.stopped)
 	return err
 }
+
+// abortGrace bounds how long Stop, once its context has ended, waits for the
+// batchers to answer what is in their mailboxes. Only a batcher stuck in a
+// codec call (Size, Validate) takes longer.
+const abortGrace = 5 * time.Second
 
 // route sends one delivery on its way from the sender's goroutine.
 func (s *Supervisor) route(message any, d *messages.Deliver, sender *actor.PID) {
@@ -251,12 +261,15 @@ func (s *Supervisor) lookup(c codec.Codec) (*route, error) {
 func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			rt, err = nil, fmt.Errorf("sinkbatch: codec %T panicked: %v", c, r)
+			rt, err = nil, fmt.Errorf("sinkbatch: codec %T: %w", c, batcher.CodecPanic("Name, Identity, Limits or Tuning", r))
 		}
 	}()
+	if isNil(c) {
+		return nil, messages.ErrNilCodec
+	}
 	kind := c.Name()
 	if err := checkName("codec Name()", kind); err != nil {
-		return nil, err
+		return nil, codec.Permanent(err)
 	}
 	tuning, err := batcher.Resolve(c, s.cfg.SinkConcurrency)
 	if err != nil {
@@ -269,6 +282,7 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 	fmt.Fprintf(mac, "\x00%+v", tuning)
 	rt = &route{
 		name:     kind + "-" + hex.EncodeToString(mac.Sum(nil)[:12]),
+		sink:     kind,
 		codec:    c,
 		tuning:   tuning,
 		oneGroup: c.Limits().OneGroupPerRequest,
@@ -280,7 +294,16 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 // cacheable reports whether c can key the codec cache: pointers hash by
 // address, and no pointer can panic as a map key.
 func cacheable(c codec.Codec) bool {
-	return reflect.TypeOf(c).Kind() == reflect.Pointer
+	return c != nil && reflect.TypeOf(c).Kind() == reflect.Pointer
+}
+
+// isNil reports whether c is nil or a nil pointer (a typed nil *sqs.Codec).
+func isNil(c codec.Codec) bool {
+	if c == nil {
+		return true
+	}
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // checkName accepts names that are safe in actor names and log lines.

@@ -166,11 +166,11 @@ func (a *callerActor) unanswered() int {
 // logCounter is a slog.Handler that counts the instance's lifecycle logs and
 // keeps a few unexpected warnings.
 type logCounter struct {
-	restarts, idleStops, started, sendPanics, refused atomic.Int64
+	restarts, idleStops, started, sendPanics, sizePanics, refused atomic.Int64
 
 	mu      sync.Mutex
 	other   []string
-	crashes []string // reasons of crashes the chaos codec did not cause
+	crashes []string // reasons of crashes the chaos recorder did not cause
 }
 
 func (l *logCounter) Enabled(_ context.Context, level slog.Level) bool {
@@ -182,7 +182,7 @@ func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 	case "sinkbatch: batcher crashed; restarting it":
 		l.restarts.Add(1)
 		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "reason" && !strings.Contains(a.Value.String(), "chaos: Size panics") {
+			if a.Key == "reason" && !strings.Contains(a.Value.String(), "chaos: Recorder.Refused panics") {
 				l.mu.Lock()
 				l.crashes = append(l.crashes, a.Value.String())
 				l.mu.Unlock()
@@ -195,6 +195,8 @@ func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 		l.started.Add(1)
 	case "sinkbatch: codec panicked in SendBatch":
 		l.sendPanics.Add(1)
+	case "sinkbatch: codec panicked in Size":
+		l.sizePanics.Add(1)
 	case "sinkbatch: the destination refused a message":
 		l.refused.Add(1)
 	default:

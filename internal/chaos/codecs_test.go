@@ -2,9 +2,12 @@ package chaos_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // realCodec is what the sqs and pubsub codecs implement.
@@ -15,7 +18,7 @@ type realCodec interface {
 
 // chaosCodec is a real codec that, while On, panics in SendBatch for some
 // batches (before sending, or after the server stored them) and in Size for
-// some messages, which crashes the batcher.
+// some poison messages, which only that message's caller hears of.
 type chaosCodec struct {
 	realCodec
 	On   atomic.Bool
@@ -27,7 +30,7 @@ type chaosCodec struct {
 }
 
 func (c *chaosCodec) Size(m codec.Message) int {
-	if c.On.Load() && c.Dice.chance(c.SizePanic) {
+	if c.On.Load() && strings.Contains(string(m.Body), poisonMark) && c.Dice.chance(c.SizePanic) {
 		c.SizePanics.Add(1)
 		panic("chaos: Size panics")
 	}
@@ -83,4 +86,23 @@ func (c *retuned) Tuning() codec.Tuning {
 		return *c.tuning
 	}
 	return c.realCodec.Tuning()
+}
+
+// crashRecorder is a telemetry.Recorder whose Refused panics now and then
+// while On: a bug in the operator's metrics code, which restarts the batcher
+// that called it.
+type crashRecorder struct {
+	On      atomic.Bool
+	Dice    *dice
+	Chance  float64
+	Crashes atomic.Int64
+}
+
+func (r *crashRecorder) Sink(string) telemetry.SinkRecorder { return r }
+func (r *crashRecorder) Flushed(telemetry.Flush)            {}
+func (r *crashRecorder) Refused(messages.FullReason) {
+	if r.On.Load() && r.Dice.chance(r.Chance) {
+		r.Crashes.Add(1)
+		panic("chaos: Recorder.Refused panics")
+	}
 }

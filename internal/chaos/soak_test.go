@@ -350,12 +350,12 @@ func TestChaosSoak(t *testing.T) {
 
 	chaos := func(c realCodec, stream uint64) *chaosCodec {
 		return &chaosCodec{realCodec: c, Dice: newDice(seed, stream),
-			SendPanicBefore: 0.004, SendPanicAfter: 0.003, SizePanic: 1.0 / 1500}
+			SendPanicBefore: 0.004, SendPanicAfter: 0.003, SizePanic: 0.3}
 	}
-	stdTuning := codec.Tuning{Linger: 10 * time.Millisecond, MaxInflight: 6, QueueMax: 60, QueueMaxBytes: 16 << 10, TenantMax: 25, RetryAfterMax: 40 * time.Millisecond}
-	fifoTuning := codec.Tuning{Linger: 5 * time.Millisecond, MaxInflight: 6, QueueMax: 60, QueueMaxBytes: 24 << 10, TenantMax: 25, RetryAfterMax: 40 * time.Millisecond}
-	psTuning := codec.Tuning{MaxEntries: 50, Linger: 8 * time.Millisecond, MaxInflight: 16, QueueMax: 80, QueueMaxBytes: 24 << 10, TenantMax: 30, RetryAfterMax: 40 * time.Millisecond}
-	idleTuning := codec.Tuning{MaxEntries: 20, Linger: 2 * time.Millisecond, IdleTimeout: 10 * time.Millisecond, MaxInflight: 2, QueueMax: 20, QueueMaxBytes: 64 << 10, TenantMax: 10, RetryAfterMax: 20 * time.Millisecond}
+	stdTuning := codec.Tuning{Linger: 10 * time.Millisecond, MaxBytes: 8 << 10, MaxInflight: 6, QueueMax: 60, QueueMaxBytes: 16 << 10, TenantMax: 25, RetryAfterMax: 40 * time.Millisecond}
+	fifoTuning := codec.Tuning{Linger: 5 * time.Millisecond, MaxBytes: 12 << 10, MaxInflight: 6, QueueMax: 60, QueueMaxBytes: 24 << 10, TenantMax: 25, RetryAfterMax: 40 * time.Millisecond}
+	psTuning := codec.Tuning{MaxEntries: 50, MaxBytes: 12 << 10, Linger: 8 * time.Millisecond, MaxInflight: 16, QueueMax: 80, QueueMaxBytes: 24 << 10, TenantMax: 30, RetryAfterMax: 40 * time.Millisecond}
+	idleTuning := codec.Tuning{MaxEntries: 20, MaxBytes: 32 << 10, Linger: 2 * time.Millisecond, IdleTimeout: 10 * time.Millisecond, MaxInflight: 2, QueueMax: 20, QueueMaxBytes: 64 << 10, TenantMax: 10, RetryAfterMax: 20 * time.Millisecond}
 	std := &destination{name: "sqs-std", codec: chaos(sqsEnv.codec(t, stdURL, stdTuning), 3), tuning: stdTuning, grouped: 0.2, groups: 10,
 		readBack: func(n int) []stored { return sqsEnv.readBack(t, stdURL, n) }}
 	fifo := &destination{name: "sqs-fifo", codec: chaos(sqsEnv.codec(t, fifoURL, fifoTuning), 4), tuning: fifoTuning, grouped: 1, groups: 40, ordered: true,
@@ -376,7 +376,8 @@ func TestChaosSoak(t *testing.T) {
 
 	logs := &logCounter{}
 	system := testinst.System()
-	inst, err := actors.Start(system, actors.Config{Name: "chaos", Logger: slog.New(logs)})
+	crashRec := &crashRecorder{Dice: newDice(seed, 7), Chance: 1.0 / 2000}
+	inst, err := actors.Start(system, actors.Config{Name: "chaos", Logger: slog.New(logs), Recorder: crashRec})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		// Only if the test ended early: Stop has returned otherwise.
@@ -392,6 +393,7 @@ func TestChaosSoak(t *testing.T) {
 	}
 	sqsFaults.On.Store(true)
 	psFaults.On.Store(true)
+	crashRec.On.Store(true)
 	bounds := sampleBounds(inst)
 	lag := probeLag(seed)
 
@@ -467,6 +469,7 @@ func TestChaosSoak(t *testing.T) {
 	for _, d := range dests {
 		d.codec.On.Store(false)
 	}
+	crashRec.On.Store(false)
 
 	// Stop answered everyone; the last answers may still be on their way
 	// to the caller actors.
@@ -535,6 +538,7 @@ func TestChaosSoak(t *testing.T) {
 		t.Logf("never answered: %s", n)
 	}
 	crashes := logs.crashReasons()
+	assert.Equal(t, logs.restarts.Load(), crashRec.Crashes.Load(), "every restart is a recorder panic")
 	for _, c := range crashes {
 		t.Logf("batcher crash not caused by the chaos codec: %s", c)
 	}
