@@ -7,12 +7,24 @@
 // New takes a Config: the queue URL, either an aws.Config (region,
 // credentials, BaseEndpoint, HTTP client, retry settings) or a ready
 // *sqs.Client, the FIFO queue's deduplication mode and the codec.Tuning. It
-// refuses a config that is incomplete or outside SQS's limits. A codec's
-// Identity is a SHA-256 digest over all of it, static credentials included:
-// codecs that differ in any of it never share a batcher or a request, and
-// the secret never leaves the digest. Credential providers other than static
-// ones, HTTP clients and retryers cannot be read back and count by identity:
-// pass the same values to share a batcher.
+// refuses a config that is incomplete or outside SQS's limits, and a Tuning
+// that codec.Tuning.Check refuses, naming the field.
+//
+// Codecs with equal Identities share a batcher, and it sends every one's
+// messages through the codec that started it. So two codecs get equal
+// Identities only when the codec can tell that they send alike. Identity is a
+// SHA-256 digest over the queue, the codec's options and every field of the
+// aws.Config but the logger: data by value; static credentials by their
+// values (also inside an aws.CredentialsCache, as config.LoadDefaultConfig
+// wraps them), so the secret never leaves the digest; a pointer (an HTTP
+// client, a credentials cache) by the object it points to, kept alive by the
+// codec. A func cannot be told apart from another closure of the same
+// literal, whatever keys it captured, so a func anywhere in the aws.Config (a
+// CredentialsProviderFunc, a Retryer, APIOptions, ServiceOptions, an endpoint
+// resolver func, an interceptor func) makes the Identity unique to the codec
+// value: such codecs share no batcher. To share one, reuse the *Codec, or
+// build the codecs on one *sqs.Client (Config.Client), whose Identity is the
+// client's.
 //
 // # Mapping
 //

@@ -215,6 +215,7 @@ func (e *env) readBack(t *testing.T, queueURL string, n int) []message {
 // harness runs codectest against one kind of queue of an env.
 type harness struct {
 	env      *env
+	client   *awssqs.Client // shared by MakeCodec and Retune, see MakeCodec
 	fifo     bool
 	queueURL string
 	got      []codectest.Received
@@ -224,11 +225,19 @@ type harness struct {
 func (h *harness) MakeCodec(t *testing.T, tuning codec.Tuning) codec.Codec {
 	h.queueURL = h.env.createQueue(t, h.fifo, false)
 	h.got, h.seen = nil, map[string]bool{}
-	return h.env.codec(t, h.queueURL, tuning)
+	// The env's aws.Config holds a Retryer func, which makes each codec
+	// built from it unique; codecs built on one client share an Identity,
+	// as the suite's Retune requires.
+	h.client = awssqs.NewFromConfig(h.env.cfg)
+	return h.withClient(t, h.queueURL, tuning)
 }
 
 func (h *harness) Retune(t *testing.T, c codec.Codec, tuning codec.Tuning) codec.Codec {
-	return h.env.codec(t, c.(*sqs.Codec).QueueURL(), tuning)
+	return h.withClient(t, c.(*sqs.Codec).QueueURL(), tuning)
+}
+
+func (h *harness) withClient(t *testing.T, queueURL string, tuning codec.Tuning) codec.Codec {
+	return h.env.codec(t, queueURL, tuning, func(c *sqs.Config) { c.AWS, c.Client = aws.Config{}, h.client })
 }
 
 func (h *harness) Received(t *testing.T) []codectest.Received {

@@ -1,8 +1,6 @@
 package sqs
 
 import (
-	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/url"
@@ -11,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -75,6 +72,9 @@ type Codec struct {
 	idemAttr  string
 	tuning    codec.Tuning
 	identity  []byte
+	// keep holds the aws.Config the client was made from, so that what
+	// Identity names by address stays alive as long as the codec.
+	keep aws.Config
 }
 
 var _ interface {
@@ -101,8 +101,8 @@ func New(cfg Config) (*Codec, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || !queueNameRE.MatchString(name) || u.RawQuery != "" {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.QueueURL %q is not a queue URL (want http[s]://host/account/queue-name)", cfg.QueueURL)
 	}
-	if err := checkTuning(cfg.Tuning); err != nil {
-		return nil, err
+	if err := cfg.Tuning.Check(limits); err != nil {
+		return nil, fmt.Errorf("sinkbatch/sqs: New: %w", err)
 	}
 	attr := cfg.IdempotencyAttribute
 	if attr == "" {
@@ -112,43 +112,7 @@ func New(cfg Config) (*Codec, error) {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.IdempotencyAttribute: %s", err)
 	}
 
-	var tr transport
-	client := cfg.Client
-	if client != nil {
-		if cfg.AWS.Region != "" || cfg.AWS.Credentials != nil || cfg.AWS.BaseEndpoint != nil || cfg.AWS.HTTPClient != nil {
-			return nil, errors.New("sinkbatch/sqs: set Config.AWS or Config.Client, not both")
-		}
-		o := client.Options()
-		tr = transport{
-			region: o.Region, endpoint: aws.ToString(o.BaseEndpoint), credentials: o.Credentials,
-			resolver: o.EndpointResolverV2, httpClient: o.HTTPClient, retryer: o.Retryer,
-			retryMaxAttempts: o.RetryMaxAttempts, retryMode: o.RetryMode, appID: o.AppID,
-			endpointOptions: o.EndpointOptions, apiOptions: apiOptions(o.APIOptions),
-		}
-	} else {
-		// Read the aws.Config itself, not the client's options: the SDK
-		// gives each client its own default HTTP client and retryer, and two
-		// codecs made from one aws.Config should share a batcher.
-		a := cfg.AWS
-		client = awssqs.NewFromConfig(a)
-		tr = transport{
-			region: a.Region, endpoint: aws.ToString(a.BaseEndpoint), credentials: a.Credentials,
-			resolver: a.EndpointResolverWithOptions, httpClient: a.HTTPClient, retryer: a.Retryer,
-			retryMaxAttempts: a.RetryMaxAttempts, retryMode: a.RetryMode, appID: a.AppID,
-			// FIPS and dual-stack come from the config's sources; the
-			// client has resolved them.
-			endpointOptions: client.Options().EndpointOptions, apiOptions: apiOptions(a.APIOptions),
-		}
-	}
-	if tr.region == "" {
-		return nil, errors.New("sinkbatch/sqs: no region: set it in the aws.Config or the client")
-	}
-	if tr.credentials == nil {
-		return nil, errors.New("sinkbatch/sqs: no credentials: set them in the aws.Config or the client")
-	}
-
 	c := &Codec{
-		client:    client,
 		queueURL:  cfg.QueueURL,
 		queueName: name,
 		fifo:      strings.HasSuffix(name, ".fifo"),
@@ -156,116 +120,81 @@ func New(cfg Config) (*Codec, error) {
 		idemAttr:  attr,
 		tuning:    cfg.Tuning,
 	}
-	c.identity = c.digest(tr)
-	return c, nil
-}
-
-func checkTuning(t codec.Tuning) error {
-	switch {
-	case t.MaxEntries < 0 || t.MaxEntries > MaxEntries:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.MaxEntries %d is outside [0, %d]", t.MaxEntries, MaxEntries)
-	case t.MaxBytes < 0 || t.MaxBytes > MaxBytes:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.MaxBytes %d is outside [0, %d]", t.MaxBytes, MaxBytes)
-	case t.Linger < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.Linger %v is negative", t.Linger)
-	case t.RetryAfterMax < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.RetryAfterMax %v is negative", t.RetryAfterMax)
-	case t.IdleTimeout < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.IdleTimeout %v is negative", t.IdleTimeout)
-	case t.MaxInflight < 0 || t.QueueMax < 0 || t.QueueMaxBytes < 0 || t.TenantMax < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning %+v has a negative bound", t)
-	}
-	return nil
-}
-
-// transport is what, besides the queue, shapes a request.
-type transport struct {
-	region, endpoint string
-	credentials      aws.CredentialsProvider
-	resolver         any
-	httpClient       any
-	retryer          any
-	retryMaxAttempts int
-	retryMode        aws.RetryMode
-	appID            string
-	endpointOptions  awssqs.EndpointResolverOptions
-	apiOptions       []string // middleware that may change the request
-}
-
-// apiOptions names each of a client's extra middleware functions.
-func apiOptions[F any](fns []F) []string {
-	names := make([]string, len(fns))
-	for i, f := range fns {
-		names[i] = valueIdentity(f)
-	}
-	return names
-}
-
-// digest is the codec's Identity: a SHA-256 over everything that shapes a
-// request. Static credentials enter it as their values, so the secret is
-// only ever digested; other credential providers, the HTTP client and the
-// retryer enter as their type and address, since their settings cannot be
-// read back: pass the same values to share a batcher.
-func (c *Codec) digest(o transport) []byte {
-	h := sha256.New()
-	field := func(k string, v any) { fmt.Fprintf(h, "%s=%q\n", k, fmt.Sprint(v)) }
-	field("kind", "sqs")
-	field("queue", c.queueURL)
-	field("content-based-deduplication", c.cbd)
-	field("idempotency-attribute", c.idemAttr)
-	field("region", o.region)
-	field("endpoint", o.endpoint)
-	field("endpoint-resolver", valueIdentity(o.resolver))
-	field("http-client", valueIdentity(o.httpClient))
-	field("retryer", valueIdentity(o.retryer))
-	field("retry-max-attempts", o.retryMaxAttempts)
-	field("retry-mode", o.retryMode)
-	field("app-id", o.appID)
-	field("endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
-		!o.endpointOptions.DisableHTTPS, o.endpointOptions.UseDualStackEndpoint, o.endpointOptions.UseFIPSEndpoint))
-	field("api-options", strings.Join(o.apiOptions, ","))
-	field("tuning", fmt.Sprintf("%+v", c.tuning))
-	if aws.IsCredentialsProvider(o.credentials, credentials.StaticCredentialsProvider{}) {
-		// A static provider answers at once, from memory.
-		v, err := o.credentials.Retrieve(context.Background())
-		if err == nil {
-			s := sha256.Sum256([]byte(v.AccessKeyID + "\x00" + v.SecretAccessKey + "\x00" + v.SessionToken))
-			field("credentials", fmt.Sprintf("static:%x", s))
-		} else {
-			field("credentials", "static-error:"+err.Error())
+	id := newIdentity()
+	id.field("kind", "sqs")
+	id.field("queue", c.queueURL)
+	id.field("content-based-deduplication", c.cbd)
+	id.field("idempotency-attribute", c.idemAttr)
+	id.field("tuning", c.tuning)
+	if cfg.Client != nil {
+		a := cfg.AWS
+		if a.Region != "" || a.Credentials != nil || a.BaseEndpoint != nil || a.HTTPClient != nil {
+			return nil, errors.New("sinkbatch/sqs: set Config.AWS or Config.Client, not both")
 		}
+		o := cfg.Client.Options()
+		if o.Region == "" {
+			return nil, errors.New("sinkbatch/sqs: no region: set it in the client")
+		}
+		if o.Credentials == nil {
+			return nil, errors.New("sinkbatch/sqs: no credentials: set them in the client")
+		}
+		// A client's options never change after it is made: the same
+		// client sends alike. Options() copies them with the client's own
+		// default HTTP client, retryer and resolver in, which could only
+		// be compared by address anyway.
+		c.client = cfg.Client
+		id.field("client", cfg.Client)
 	} else {
-		field("credentials", valueIdentity(o.credentials))
+		a := cfg.AWS
+		if a.Region == "" {
+			return nil, errors.New("sinkbatch/sqs: no region: set it in the aws.Config or the client")
+		}
+		if a.Credentials == nil {
+			return nil, errors.New("sinkbatch/sqs: no credentials: set them in the aws.Config or the client")
+		}
+		c.client = awssqs.NewFromConfig(a)
+		c.keep = a
+		// Read the aws.Config, not the client's options: the SDK gives each
+		// client its own default HTTP client and retryer, and two codecs
+		// made from one aws.Config should share a batcher. Every field
+		// counts, so that one a later SDK adds is not overlooked, except
+		// the logger, which shapes no request, and ConfigSources, whose
+		// effect on an SQS client (FIPS, dual-stack, a service-specific
+		// endpoint) is read from the client below.
+		rv := reflect.ValueOf(a)
+		for i := range rv.NumField() {
+			switch f := rv.Type().Field(i).Name; f {
+			case "Credentials":
+				id.credentials(a.Credentials)
+			case "Logger", "ConfigSources":
+			default:
+				id.field(f, rv.Field(i).Interface())
+			}
+		}
+		o := c.client.Options()
+		id.field("resolved-endpoint", aws.ToString(o.BaseEndpoint))
+		id.field("resolved-endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
+			!o.EndpointOptions.DisableHTTPS, o.EndpointOptions.UseDualStackEndpoint, o.EndpointOptions.UseFIPSEndpoint))
 	}
-	return h.Sum(nil)
-}
-
-// valueIdentity names v by its type and, for reference kinds, its address;
-// other values by a digest of their contents.
-func valueIdentity(v any) string {
-	if v == nil {
-		return "default"
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Chan, reflect.UnsafePointer, reflect.Slice:
-		return fmt.Sprintf("%T@%#x", v, rv.Pointer())
-	}
-	return fmt.Sprintf("%T:%x", v, sha256.Sum256([]byte(fmt.Sprintf("%#v", v))))
+	c.identity = id.digest()
+	return c, nil
 }
 
 // Name is "sqs".
 func (c *Codec) Name() string { return "sqs" }
 
-// Identity is a SHA-256 digest over the queue URL, region, endpoint,
-// credentials, transport, retry settings, the codec's options and its
-// tuning.
+// Identity is a SHA-256 digest over the queue URL, the aws.Config (or the
+// client), the codec's options and its tuning. Codec values whose
+// configuration holds a func (a credentials or retryer func, APIOptions,
+// ServiceOptions, an endpoint resolver func) get an identity of their own:
+// the codec cannot tell two funcs apart. See the package doc.
 func (c *Codec) Identity() []byte { return c.identity }
 
+// limits are SQS's request limits.
+var limits = codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes}
+
 // Limits are SQS's: MaxEntries messages and MaxBytes bytes per request.
-func (c *Codec) Limits() codec.Limits {
-	return codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes}
-}
+func (c *Codec) Limits() codec.Limits { return limits }
 
 // Tuning is Config.Tuning as given.
 func (c *Codec) Tuning() codec.Tuning { return c.tuning }
