@@ -67,15 +67,29 @@
 //     makes it drop the whole answer); a mismatch fails that entry only,
 //     retryably (CodeChecksumMismatch);
 //   - each failed entry with a *codec.EntryError carrying SQS's code and
-//     text, permanent when SQS says the sender is at fault;
+//     text: permanent only for a code that says the message itself is at
+//     fault (InvalidMessageContents, InvalidParameterValue and the like) or
+//     one of the permanent codes below; Throttled for a throttling code;
+//     retryable for any other code;
 //   - an entry missing from SQS's answer with a retryable CodeMissingResult;
 //   - a whole request SQS refuses for its content (BatchRequestTooLong,
 //     TooManyEntriesInBatchRequest, InvalidParameterValue and the like) with
 //     an error wrapping codec.ErrRefused, so the batcher bisects it;
-//   - a missing queue, denied access or bad credentials with an error
-//     wrapping a permanent *codec.EntryError, the answer for every message;
-//   - throttling, 5xx answers, network faults and a done context with a
-//     retryable error wrapping the SDK's (or the context's) error.
+//   - a short list of codes no resend can cure, the answer for every
+//     message, with an error wrapping a permanent *codec.EntryError: a
+//     missing queue (QueueDoesNotExist), denied access or bad credentials
+//     (AccessDenied, InvalidClientTokenId, SignatureDoesNotMatch, ...), and a
+//     queue whose KMS key cannot be used (KmsAccessDenied, KmsDisabled,
+//     KmsNotFound, ... and their KMS.* forms);
+//   - throttling, by SQS's or KMS's code (RequestThrottled, Throttling,
+//     ThrottlingException, KmsThrottled, KMS.ThrottlingException, ...) or by
+//     an HTTP 429 from anything in between, with a retryable error wrapping
+//     codec.ErrThrottled and the SDK's error (codec.IsThrottled);
+//   - anything else (5xx answers, network faults, a done context, and any
+//     code or status the codec does not know) with a retryable error
+//     wrapping the SDK's (or the context's) error. Unknown is never
+//     permanent: a code SQS adds later, or a proxy's answer, must not park a
+//     message for good.
 //
 // # Retries
 //
