@@ -62,10 +62,18 @@
 //
 // SendBatch answers:
 //   - each successful entry with its MessageId and SequenceNumber, after
-//     checking MD5OfMessageBody and, where SQS returns it,
+//     checking MD5OfMessageBody and, when attributes were sent,
 //     MD5OfMessageAttributes (the SDK's own check is off, since one mismatch
-//     makes it drop the whole answer); a mismatch fails that entry only,
-//     retryably (CodeChecksumMismatch);
+//     makes it drop the whole answer). A mismatch fails that entry only,
+//     retryably (CodeChecksumMismatch). So does a missing checksum
+//     (CodeMissingChecksum): an answer that cannot be checked is not
+//     trusted. Amazon SQS always sends both; for an emulator that omits the
+//     attributes' checksum (kumo), set Config.AttributeChecksumsOptional;
+//   - an entry listed both as successful and as failed as failed, retryably
+//     (CodeConflictingResult), whatever the failure's code: SQS said both,
+//     so it may be stored, and a retry with the same IdempotencyKey is the
+//     safe answer (a FIFO queue drops it as a duplicate; on a standard queue
+//     consumers deduplicate by the idempotency attribute);
 //   - each failed entry with a *codec.EntryError carrying SQS's code and
 //     text: permanent only for a code that says the message itself is at
 //     fault (InvalidMessageContents, InvalidParameterValue and the like) or

@@ -151,7 +151,8 @@ func newFaultEnv(t *testing.T, fifo bool) *faultEnv {
 	q := e.createQueue(t, fifo, false)
 	cfg := e.cfg
 	cfg.BaseEndpoint = aws.String(p.url)
-	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem"})
+	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem", AttributeChecksumsOptional: true}) // kumo
+
 	require.NoError(t, err)
 	return &faultEnv{env: e, proxy: p, queue: q, codec: c}
 }
@@ -584,4 +585,91 @@ func TestFaultAnswerLostAfterStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFaultSuccessAndFailure: an entry SQS lists both as successful and as
+// failed is answered failed and retryable, whatever the failure's code: it
+// may be stored, and a retry with the same key is safe.
+func TestFaultSuccessAndFailure(t *testing.T) {
+	for _, code := range []string{"InternalError", "InvalidParameterValue"} {
+		t.Run(code, func(t *testing.T) {
+			f := newFaultEnv(t, false)
+			f.proxy.set(nil, func(_ int, a *batchAnswer) {
+				for _, e := range a.Successful {
+					if entryIndex(e) == 1 {
+						a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": code, "Message": "injected", "SenderFault": true})
+					}
+				}
+			})
+			batch := batchOf(runName(t), 0, 3, 1)
+			res, err := f.codec.SendBatch(ctx(t), batch)
+			require.NoError(t, err)
+			require.NoError(t, res[0].Err)
+			require.NoError(t, res[2].Err)
+			var ee *codec.EntryError
+			require.ErrorAs(t, res[1].Err, &ee)
+			assert.Equal(t, sqs.CodeConflictingResult, ee.Code)
+			assert.False(t, codec.IsPermanent(res[1].Err))
+			f.acknowledgedAreStored(t, batch, res)
+		})
+	}
+}
+
+// TestFaultMissingChecksums: a success without MD5OfMessageBody, or without
+// MD5OfMessageAttributes for attributes that were sent, cannot be checked
+// and is answered retryable.
+func TestFaultMissingChecksums(t *testing.T) {
+	t.Run("body", func(t *testing.T) {
+		f := newFaultEnv(t, false)
+		f.proxy.set(nil, func(_ int, a *batchAnswer) {
+			for _, e := range a.Successful {
+				if entryIndex(e) == 2 {
+					delete(e, "MD5OfMessageBody")
+				}
+			}
+		})
+		batch := batchOf(runName(t), 0, 4, 1)
+		res, err := f.codec.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for i, r := range res {
+			if i != 2 {
+				require.NoError(t, r.Err)
+				continue
+			}
+			var ee *codec.EntryError
+			require.ErrorAs(t, r.Err, &ee)
+			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+			assert.Contains(t, ee.Message, "MD5OfMessageBody")
+			assert.False(t, codec.IsPermanent(r.Err))
+		}
+		f.acknowledgedAreStored(t, batch, res)
+	})
+	t.Run("attributes", func(t *testing.T) {
+		// kumo's own answer has no MD5OfMessageAttributes.
+		e := newKumo(t)
+		q := e.createQueue(t, false, false)
+		strict := e.codec(t, q, codec.Tuning{}, func(c *sqs.Config) { c.AttributeChecksumsOptional = false })
+		lenient := e.codec(t, q, codec.Tuning{})
+		assert.NotEqual(t, strict.Identity(), lenient.Identity())
+		batch := []codec.Message{
+			{Body: []byte("with attributes"), Attributes: map[string]string{"a": "b"}},
+			{Body: []byte("with a key"), IdempotencyKey: "k"},
+			{Body: []byte("bare")},
+		}
+		res, err := strict.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for _, r := range res[:2] {
+			var ee *codec.EntryError
+			require.ErrorAs(t, r.Err, &ee)
+			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+			assert.Contains(t, ee.Message, "MD5OfMessageAttributes")
+			assert.False(t, codec.IsPermanent(r.Err))
+		}
+		require.NoError(t, res[2].Err, "no attributes sent, none to check")
+		res, err = lenient.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.NoError(t, r.Err)
+		}
+	})
 }

@@ -29,6 +29,16 @@ const (
 	// CodeMissingResult: SQS's answer named the entry neither among the
 	// successful nor among the failed ones, or gave it no message id.
 	CodeMissingResult = "MissingResult"
+	// CodeConflictingResult: SQS's answer listed the entry both as
+	// successful and as failed. It may be stored; a retry with the same
+	// IdempotencyKey is safe (a FIFO queue drops it as a duplicate; on a
+	// standard queue consumers deduplicate by the key).
+	CodeConflictingResult = "ConflictingResult"
+	// CodeMissingChecksum: SQS answered success without MD5OfMessageBody,
+	// or without the MD5 of the message or system attributes that were
+	// sent (see Config.AttributeChecksumsOptional), so what it stored
+	// cannot be checked.
+	CodeMissingChecksum = "MissingChecksum"
 )
 
 // Whole-request error codes SQS answers for a request's content: the batcher
@@ -153,6 +163,12 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		return nil, c.classify(err)
 	}
 
+	// An entry SQS lists as failed is never answered as a success, even if
+	// it is listed as successful too: see CodeConflictingResult.
+	failed := make(map[string]bool, len(out.Failed))
+	for _, f := range out.Failed {
+		failed[aws.ToString(f.Id)] = true
+	}
 	for _, s := range out.Successful {
 		id := aws.ToString(s.Id)
 		p, ok := pending[id]
@@ -160,6 +176,13 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 			continue
 		}
 		delete(pending, id)
+		if failed[id] {
+			results[p.index].Err = &codec.EntryError{
+				Code:    CodeConflictingResult,
+				Message: "SQS listed this entry both as successful and as failed; it may be stored",
+			}
+			continue
+		}
 		results[p.index] = c.success(p, s)
 	}
 	for _, f := range out.Failed {
@@ -206,22 +229,27 @@ func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequest
 	return e, sent{body: *e.MessageBody, attrs: attrs}
 }
 
-// success checks a successful entry's checksums and makes its Result.
+// success checks a successful entry's checksums and makes its Result. Every
+// checksum for what was sent must be there and match: an answer without one
+// is as untrustworthy as a wrong one.
 func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Result {
-	if got := aws.ToString(s.MD5OfMessageBody); got != "" {
-		if want := md5Hex([]byte(p.body)); got != want {
-			return codec.Result{Err: &codec.EntryError{
-				Code:    CodeChecksumMismatch,
-				Message: fmt.Sprintf("MD5OfMessageBody is %s, want %s", got, want),
-			}}
-		}
+	mismatch := func(code, format string, args ...any) codec.Result {
+		return codec.Result{Err: &codec.EntryError{Code: code, Message: fmt.Sprintf(format, args...)}}
 	}
-	if got := aws.ToString(s.MD5OfMessageAttributes); got != "" && len(p.attrs) > 0 {
-		if want := attributesMD5(p.attrs); got != want {
-			return codec.Result{Err: &codec.EntryError{
-				Code:    CodeChecksumMismatch,
-				Message: fmt.Sprintf("MD5OfMessageAttributes is %s, want %s", got, want),
-			}}
+	want := md5Hex([]byte(p.body))
+	switch got := aws.ToString(s.MD5OfMessageBody); {
+	case got == "":
+		return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageBody (want %s)", want)
+	case got != want:
+		return mismatch(CodeChecksumMismatch, "MD5OfMessageBody is %s, want %s", got, want)
+	}
+	if len(p.attrs) > 0 {
+		want := attributesMD5(p.attrs)
+		switch got := aws.ToString(s.MD5OfMessageAttributes); {
+		case got == "" && !c.attrChecksumsOptional:
+			return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageAttributes (want %s)", want)
+		case got != "" && got != want:
+			return mismatch(CodeChecksumMismatch, "MD5OfMessageAttributes is %s, want %s", got, want)
 		}
 	}
 	if aws.ToString(s.MessageId) == "" {

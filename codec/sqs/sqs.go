@@ -56,6 +56,13 @@ type Config struct {
 	// message's IdempotencyKey on every queue, so that consumers can
 	// deduplicate. Default DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
+	// AttributeChecksumsOptional accepts a successful entry whose answer
+	// lacks MD5OfMessageAttributes (or MD5OfMessageSystemAttributes) for the
+	// attributes it carried; a checksum that is there is still checked.
+	// Amazon SQS always returns them: leave it false there. Some emulators
+	// never do (kumo); without it, every message with an attribute (an
+	// IdempotencyKey is one) is answered a retryable CodeMissingChecksum.
+	AttributeChecksumsOptional bool
 	// Tuning is the batch tuning; MaxEntries and MaxBytes may only tighten
 	// MaxEntries and MaxBytes.
 	Tuning codec.Tuning
@@ -70,8 +77,10 @@ type Codec struct {
 	fifo      bool
 	cbd       bool
 	idemAttr  string
-	tuning    codec.Tuning
-	identity  []byte
+	// attrChecksumsOptional is Config.AttributeChecksumsOptional.
+	attrChecksumsOptional bool
+	tuning                codec.Tuning
+	identity              []byte
 	// keep holds the aws.Config the client was made from, so that what
 	// Identity names by address stays alive as long as the codec.
 	keep aws.Config
@@ -119,12 +128,15 @@ func New(cfg Config) (*Codec, error) {
 		cbd:       cfg.ContentBasedDeduplication,
 		idemAttr:  attr,
 		tuning:    cfg.Tuning,
+
+		attrChecksumsOptional: cfg.AttributeChecksumsOptional,
 	}
 	id := newIdentity()
 	id.field("kind", "sqs")
 	id.field("queue", c.queueURL)
 	id.field("content-based-deduplication", c.cbd)
 	id.field("idempotency-attribute", c.idemAttr)
+	id.field("attribute-checksums-optional", c.attrChecksumsOptional)
 	id.field("tuning", c.tuning)
 	if cfg.Client != nil {
 		a := cfg.AWS
