@@ -49,6 +49,14 @@
 // SDK checks none of this: Limits and Size state it so the batcher packs
 // within it, and Validate refuses what can never fit.
 //
+// A queue may allow less per message: its MaximumMessageSize (queues created
+// before 2025 often still allow 256 KiB). Config.MaxMessageBytes states it,
+// or Config.ReadQueueAttributes makes New read it from the queue (one
+// GetQueueAttributes call, in New because Validate must not wait on the
+// network). Validate then refuses a heavier message at admission with an
+// error wrapping codec.ErrTooLarge, so SQS never sees it; requests keep the
+// 1 MiB limit.
+//
 // # Errors
 //
 // Validate, which the batcher calls at admission, refuses with a permanent

@@ -109,8 +109,13 @@ var queueSeq atomic.Int64
 // createQueue makes a fresh queue and returns its URL.
 func (e *env) createQueue(t testing.TB, fifo, cbd bool) string {
 	t.Helper()
+	return e.createQueueWith(t, fifo, cbd, map[string]string{})
+}
+
+// createQueueWith makes a fresh queue with attrs and returns its URL.
+func (e *env) createQueueWith(t testing.TB, fifo, cbd bool, attrs map[string]string) string {
+	t.Helper()
 	name := fmt.Sprintf("sinkbatch-%d-%d", time.Now().UnixNano()%1e9, queueSeq.Add(1))
-	attrs := map[string]string{}
 	if fifo {
 		name += ".fifo"
 		attrs["FifoQueue"] = "true"

@@ -1,15 +1,19 @@
 package sqs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/ankusa/sinkbatch/codec"
 )
@@ -28,6 +32,13 @@ const (
 	// MaxIDLength is the longest MessageGroupId and MessageDeduplicationId.
 	MaxIDLength = 128
 )
+
+// QueueAttributesTimeout bounds New's GetQueueAttributes call when
+// Config.ReadQueueAttributes is set, the SDK's retries included.
+const QueueAttributesTimeout = 10 * time.Second
+
+// minMessageSize is the smallest MaximumMessageSize SQS allows a queue.
+const minMessageSize = 1024
 
 // DefaultIdempotencyAttribute is the message attribute that carries a
 // message's IdempotencyKey when Config.IdempotencyAttribute is empty.
@@ -56,6 +67,22 @@ type Config struct {
 	// message's IdempotencyKey on every queue, so that consumers can
 	// deduplicate. Default DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
+	// MaxMessageBytes is the most one message may weigh, as Size counts it;
+	// 0 is SQS's MaxBytes (1 MiB). Set it to the queue's MaximumMessageSize
+	// when that is smaller (queues created before 2025 often still allow
+	// 256 KiB), or set ReadQueueAttributes. Validate refuses a heavier
+	// message at admission with an error wrapping codec.ErrTooLarge, so it
+	// never reaches SQS. Requests stay within MaxBytes either way.
+	MaxMessageBytes int
+	// ReadQueueAttributes makes New read the queue's MaximumMessageSize with
+	// one GetQueueAttributes call, bounded by QueueAttributesTimeout; the
+	// smaller of it and MaxMessageBytes is the limit. New returns an error
+	// when the call fails. The read is in New, not lazy: Validate runs at
+	// admission, in the batcher's mailbox, where it must not wait on the
+	// network, and a limit learnt after admission would come too late for
+	// the messages already admitted. The credentials need
+	// sqs:GetQueueAttributes.
+	ReadQueueAttributes bool
 	// AttributeChecksumsOptional accepts a successful entry whose answer
 	// lacks MD5OfMessageAttributes (or MD5OfMessageSystemAttributes) for the
 	// attributes it carried; a checksum that is there is still checked.
@@ -77,6 +104,10 @@ type Codec struct {
 	fifo      bool
 	cbd       bool
 	idemAttr  string
+	// maxMessage is the most one message may weigh, and maxMessageFrom
+	// where that limit comes from, for Validate's error.
+	maxMessage     int
+	maxMessageFrom string
 	// attrChecksumsOptional is Config.AttributeChecksumsOptional.
 	attrChecksumsOptional bool
 	tuning                codec.Tuning
@@ -113,6 +144,9 @@ func New(cfg Config) (*Codec, error) {
 	if err := cfg.Tuning.Check(limits); err != nil {
 		return nil, fmt.Errorf("sinkbatch/sqs: New: %w", err)
 	}
+	if cfg.MaxMessageBytes < 0 || cfg.MaxMessageBytes > MaxBytes {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.MaxMessageBytes %d is outside [0, %d]", cfg.MaxMessageBytes, MaxBytes)
+	}
 	attr := cfg.IdempotencyAttribute
 	if attr == "" {
 		attr = DefaultIdempotencyAttribute
@@ -130,6 +164,11 @@ func New(cfg Config) (*Codec, error) {
 		tuning:    cfg.Tuning,
 
 		attrChecksumsOptional: cfg.AttributeChecksumsOptional,
+		maxMessage:            MaxBytes,
+		maxMessageFrom:        "SQS's limit",
+	}
+	if cfg.MaxMessageBytes > 0 {
+		c.maxMessage, c.maxMessageFrom = cfg.MaxMessageBytes, "Config.MaxMessageBytes"
 	}
 	id := newIdentity()
 	id.field("kind", "sqs")
@@ -188,9 +227,51 @@ func New(cfg Config) (*Codec, error) {
 		id.field("resolved-endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
 			!o.EndpointOptions.DisableHTTPS, o.EndpointOptions.UseDualStackEndpoint, o.EndpointOptions.UseFIPSEndpoint))
 	}
+	if cfg.ReadQueueAttributes {
+		n, err := c.readMaxMessageSize()
+		if err != nil {
+			return nil, err
+		}
+		if n < c.maxMessage {
+			c.maxMessage, c.maxMessageFrom = n, "the queue's MaximumMessageSize"
+		}
+	}
+	id.field("max-message-bytes", c.maxMessage)
 	c.identity = id.digest()
 	return c, nil
 }
+
+// readMaxMessageSize asks SQS for the queue's MaximumMessageSize.
+func (c *Codec) readMaxMessageSize() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), QueueAttributesTimeout)
+	defer cancel()
+	const attr = types.QueueAttributeNameMaximumMessageSize
+	out, err := c.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(c.queueURL),
+		AttributeNames: []types.QueueAttributeName{attr},
+	}, func(o *awssqs.Options) {
+		if o.HTTPClient != nil {
+			o.HTTPClient = readOnlyBodies{o.HTTPClient}
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: reading %s of %s (Config.ReadQueueAttributes): %w", attr, c.queueName, err)
+	}
+	v, ok := out.Attributes[string(attr)]
+	if !ok {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: the queue %s did not report its %s (Config.ReadQueueAttributes)", c.queueName, attr)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < minMessageSize || n > MaxBytes {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: the queue %s reported %s %q, not a size in [%d, %d]", c.queueName, attr, v, minMessageSize, MaxBytes)
+	}
+	return n, nil
+}
+
+// MaxMessageBytes is the most one message may weigh on this codec: the
+// smallest of SQS's MaxBytes, Config.MaxMessageBytes and, with
+// Config.ReadQueueAttributes, the queue's MaximumMessageSize.
+func (c *Codec) MaxMessageBytes() int { return c.maxMessage }
 
 // Name is "sqs".
 func (c *Codec) Name() string { return "sqs" }

@@ -25,7 +25,7 @@ const (
 
 // Validate reports whether SQS can ever accept m on this queue. It answers
 // nil or a permanent *codec.EntryError that says what is wrong (or, for a
-// message heavier than MaxBytes, an error wrapping codec.ErrTooLarge).
+// message heavier than MaxMessageBytes, an error wrapping codec.ErrTooLarge).
 func (c *Codec) Validate(m codec.Message) error {
 	if len(m.Body) == 0 {
 		return invalid(CodeEmptyBody, "the body is empty; SQS needs at least one character")
@@ -79,8 +79,8 @@ func (c *Codec) Validate(m codec.Message) error {
 			}
 		}
 	}
-	if size := c.Size(m); size > MaxBytes {
-		return fmt.Errorf("sinkbatch/sqs: a message of %d bytes (body and attributes) exceeds SQS's %d: %w", size, MaxBytes, codec.ErrTooLarge)
+	if size := c.Size(m); size > c.maxMessage {
+		return fmt.Errorf("sinkbatch/sqs: a message of %d bytes (body and attributes) exceeds %s, %d: %w", size, c.maxMessageFrom, c.maxMessage, codec.ErrTooLarge)
 	}
 	return nil
 }
