@@ -34,6 +34,8 @@
 //	Message.IdempotencyKey  MessageDeduplicationId on FIFO queues, and on every
 //	                        queue the message attribute Config.IdempotencyAttribute
 //	                        (default "idempotency-key") for consumers
+//	Message.Trace           the AWSTraceHeader system attribute (X-Ray format), or
+//	                        the traceparent and tracestate attributes: see Tracing
 //	Result.ID               MessageId
 //	Result.Sequence         SequenceNumber (FIFO queues)
 //
@@ -56,6 +58,27 @@
 // network). Validate then refuses a heavier message at admission with an
 // error wrapping codec.ErrTooLarge, so SQS never sees it; requests keep the
 // 1 MiB limit.
+//
+// # Tracing
+//
+// When the instance traces, the batcher sets each message's Trace to its
+// create span's W3C context, and the codec carries it to consumers as
+// Config.TracePropagation says. By default (TraceAWSHeader) it goes in the
+// AWSTraceHeader message system attribute, converted to X-Ray's format
+// (Root=1-<first 8 hex of the trace id>-<other 24>;Parent=<span id>;
+// Sampled=<0|1>): the X-Ray SDKs, Lambda and OpenTelemetry's X-Ray propagator
+// read it, and it costs none of the 10 message attributes.
+// TraceW3CAttributes sends the "traceparent" and, when not empty,
+// "tracestate" message attributes instead, as OpenTelemetry's W3C propagator
+// reads them; they count toward the 10 attributes (Validate) and the size.
+// TraceBoth sends both; TraceOff nothing. Size counts what is carried, the
+// AWSTraceHeader too, although SQS does not count a system attribute toward a
+// message's size. A trace context never costs a message its delivery: an
+// invalid traceparent, or a tracestate SQS would refuse, is not carried; a
+// caller's own "traceparent" or "tracestate" attribute wins over the codec's;
+// and SQS's checksum of the AWSTraceHeader (MD5OfMessageSystemAttributes) is
+// checked when SQS sends it but not required. Neither kumo nor fauxqs stores
+// the AWSTraceHeader; both store the W3C attributes.
 //
 // # Errors
 //

@@ -111,9 +111,10 @@ var throttleCodes = map[string]bool{
 
 // sent is what SendBatch remembers of an entry to check SQS's answer.
 type sent struct {
-	index int
-	body  string
-	attrs map[string]types.MessageAttributeValue
+	index    int
+	body     string
+	attrs    map[string]types.MessageAttributeValue // message attributes
+	sysAttrs map[string]types.MessageAttributeValue // system attributes
 }
 
 // SendBatch sends batch as one SendMessageBatch request and maps SQS's
@@ -209,24 +210,24 @@ func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequest
 		Id:          aws.String(id),
 		MessageBody: aws.String(string(m.Body)),
 	}
-	var attrs map[string]types.MessageAttributeValue
-	if n := len(m.Attributes); n > 0 || m.IdempotencyKey != "" {
-		attrs = make(map[string]types.MessageAttributeValue, n+1)
+	tr := c.carried(m)
+	if n := len(m.Attributes) + tr.count(); n > 0 || m.IdempotencyKey != "" {
+		e.MessageAttributes = make(map[string]types.MessageAttributeValue, n+1)
 		for k, v := range m.Attributes {
-			attrs[k] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+			e.MessageAttributes[k] = stringValue(v)
 		}
 		if m.IdempotencyKey != "" {
-			attrs[c.idemAttr] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(m.IdempotencyKey)}
+			e.MessageAttributes[c.idemAttr] = stringValue(m.IdempotencyKey)
 		}
-		e.MessageAttributes = attrs
 	}
+	sysAttrs := c.traceEntry(m, tr, &e)
 	if m.Group != "" {
 		e.MessageGroupId = aws.String(m.Group)
 	}
 	if c.fifo && m.IdempotencyKey != "" {
 		e.MessageDeduplicationId = aws.String(m.IdempotencyKey)
 	}
-	return e, sent{body: *e.MessageBody, attrs: attrs}
+	return e, sent{body: *e.MessageBody, attrs: e.MessageAttributes, sysAttrs: sysAttrs}
 }
 
 // success checks a successful entry's checksums and makes its Result. Every
@@ -250,6 +251,14 @@ func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Resul
 			return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageAttributes (want %s)", want)
 		case got != "" && got != want:
 			return mismatch(CodeChecksumMismatch, "MD5OfMessageAttributes is %s, want %s", got, want)
+		}
+	}
+	// The AWSTraceHeader is checked when SQS sends its checksum but not
+	// required: it is not the message's content, and a trace context must
+	// never cost a message its delivery.
+	if got := aws.ToString(s.MD5OfMessageSystemAttributes); got != "" && len(p.sysAttrs) > 0 {
+		if want := attributesMD5(p.sysAttrs); got != want {
+			return mismatch(CodeChecksumMismatch, "MD5OfMessageSystemAttributes is %s, want %s", got, want)
 		}
 	}
 	if aws.ToString(s.MessageId) == "" {

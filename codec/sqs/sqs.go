@@ -83,9 +83,16 @@ type Config struct {
 	// the messages already admitted. The credentials need
 	// sqs:GetQueueAttributes.
 	ReadQueueAttributes bool
+	// TracePropagation says how a message's trace context (Message.Trace)
+	// travels to consumers: by default (TraceAWSHeader) in the
+	// AWSTraceHeader system attribute, which costs none of the 10 message
+	// attributes; TraceW3CAttributes as the traceparent and tracestate
+	// message attributes; TraceBoth; or TraceOff. What is carried counts in
+	// Size, and W3C attributes count toward MaxAttributes in Validate.
+	TracePropagation TracePropagation
 	// AttributeChecksumsOptional accepts a successful entry whose answer
-	// lacks MD5OfMessageAttributes (or MD5OfMessageSystemAttributes) for the
-	// attributes it carried; a checksum that is there is still checked.
+	// lacks MD5OfMessageAttributes for the attributes it carried; a checksum
+	// that is there is still checked.
 	// Amazon SQS always returns them: leave it false there. Some emulators
 	// never do (kumo); without it, every message with an attribute (an
 	// IdempotencyKey is one) is answered a retryable CodeMissingChecksum.
@@ -108,6 +115,7 @@ type Codec struct {
 	// where that limit comes from, for Validate's error.
 	maxMessage     int
 	maxMessageFrom string
+	trace          TracePropagation
 	// attrChecksumsOptional is Config.AttributeChecksumsOptional.
 	attrChecksumsOptional bool
 	tuning                codec.Tuning
@@ -127,7 +135,8 @@ var _ interface {
 var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,80}(\.fifo)?$`)
 
 // New returns a codec for cfg's queue. It checks cfg and returns an error
-// when it is incomplete or out of SQS's limits; it makes no request.
+// when it is incomplete or out of SQS's limits. It makes no request unless
+// cfg.ReadQueueAttributes is set.
 func New(cfg Config) (*Codec, error) {
 	if cfg.QueueURL == "" {
 		return nil, errors.New("sinkbatch/sqs: Config.QueueURL is empty")
@@ -154,6 +163,12 @@ func New(cfg Config) (*Codec, error) {
 	if err := checkAttributeName(attr); err != "" {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.IdempotencyAttribute: %s", err)
 	}
+	if p := cfg.TracePropagation; p < TraceAWSHeader || p > TraceOff {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.TracePropagation %v is not one of TraceAWSHeader, TraceW3CAttributes, TraceBoth, TraceOff", p)
+	}
+	if p := cfg.TracePropagation; (p == TraceW3CAttributes || p == TraceBoth) && (attr == TraceParentAttribute || attr == TraceStateAttribute) {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.IdempotencyAttribute %q is the trace context's with Config.TracePropagation %v", attr, p)
+	}
 
 	c := &Codec{
 		queueURL:  cfg.QueueURL,
@@ -164,6 +179,7 @@ func New(cfg Config) (*Codec, error) {
 		tuning:    cfg.Tuning,
 
 		attrChecksumsOptional: cfg.AttributeChecksumsOptional,
+		trace:                 cfg.TracePropagation,
 		maxMessage:            MaxBytes,
 		maxMessageFrom:        "SQS's limit",
 	}
@@ -176,6 +192,7 @@ func New(cfg Config) (*Codec, error) {
 	id.field("content-based-deduplication", c.cbd)
 	id.field("idempotency-attribute", c.idemAttr)
 	id.field("attribute-checksums-optional", c.attrChecksumsOptional)
+	id.field("trace-propagation", c.trace)
 	id.field("tuning", c.tuning)
 	if cfg.Client != nil {
 		a := cfg.AWS
@@ -299,9 +316,10 @@ func (c *Codec) QueueURL() string { return c.queueURL }
 func (c *Codec) FIFO() bool { return c.fifo }
 
 // Size is m's weight as SQS counts it: its body plus each attribute's name,
-// data type ("String") and value, the idempotency attribute included.
+// data type ("String") and value, the idempotency attribute and the trace
+// context the codec carries included (see Config.TracePropagation).
 func (c *Codec) Size(m codec.Message) int {
-	n := len(m.Body)
+	n := len(m.Body) + c.carried(m).size(m)
 	for k, v := range m.Attributes {
 		n += len(k) + len(stringType) + len(v)
 	}

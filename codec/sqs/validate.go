@@ -33,12 +33,12 @@ func (c *Codec) Validate(m codec.Message) error {
 	if err := checkBody(m.Body); err != "" {
 		return invalid(CodeInvalidMessageContent, "the body "+err)
 	}
-	n := len(m.Attributes)
+	n := len(m.Attributes) + c.carried(m).count()
 	if m.IdempotencyKey != "" {
 		n++
 	}
 	if n > MaxAttributes {
-		return invalid(CodeTooManyAttributes, fmt.Sprintf("%d message attributes (the idempotency key counts as one); SQS allows %d", n, MaxAttributes))
+		return invalid(CodeTooManyAttributes, fmt.Sprintf("%d message attributes (the idempotency key and the W3C trace context count); SQS allows %d", n, MaxAttributes))
 	}
 	names := make([]string, 0, len(m.Attributes))
 	for k := range m.Attributes {
