@@ -35,9 +35,9 @@ const (
 	// standard queue consumers deduplicate by the key).
 	CodeConflictingResult = "ConflictingResult"
 	// CodeMissingChecksum: SQS answered success without MD5OfMessageBody,
-	// or without the MD5 of the message or system attributes that were
-	// sent (see Config.AttributeChecksumsOptional), so what it stored
-	// cannot be checked.
+	// or without MD5OfMessageAttributes when attributes were sent (see
+	// Config.AttributeChecksumsOptional), so what it stored cannot be
+	// checked.
 	CodeMissingChecksum = "MissingChecksum"
 )
 

@@ -58,7 +58,9 @@ type Config struct {
 	// client and retry settings. The codec builds its own client from it.
 	AWS aws.Config
 	// Client is a ready client, used instead of AWS. The codec turns off its
-	// MD5 check per call and checks each entry itself.
+	// MD5 check per call and checks each entry itself. Codecs built on one
+	// client, with equal other fields, share an Identity, whatever the
+	// client's options hold.
 	Client *awssqs.Client
 	// ContentBasedDeduplication says the FIFO queue has content-based
 	// deduplication on, so a message without an IdempotencyKey is accepted.
@@ -91,11 +93,11 @@ type Config struct {
 	// Size, and W3C attributes count toward MaxAttributes in Validate.
 	TracePropagation TracePropagation
 	// AttributeChecksumsOptional accepts a successful entry whose answer
-	// lacks MD5OfMessageAttributes for the attributes it carried; a checksum
-	// that is there is still checked.
-	// Amazon SQS always returns them: leave it false there. Some emulators
-	// never do (kumo); without it, every message with an attribute (an
-	// IdempotencyKey is one) is answered a retryable CodeMissingChecksum.
+	// lacks MD5OfMessageAttributes for the attributes it carried; one that
+	// is there is still checked. Amazon SQS always returns it: leave this
+	// false there. Some emulators never do (kumo); without this, every
+	// message with an attribute (an IdempotencyKey is one) is answered a
+	// retryable CodeMissingChecksum.
 	AttributeChecksumsOptional bool
 	// Tuning is the batch tuning; MaxEntries and MaxBytes may only tighten
 	// MaxEntries and MaxBytes.

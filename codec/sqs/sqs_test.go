@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -373,4 +374,30 @@ func tenantCredentials(key string) aws.CredentialsProvider {
 	return aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 		return aws.Credentials{AccessKeyID: key, SecretAccessKey: "secret-" + key, Source: "tenant"}, nil
 	})
+}
+
+// TestIdentityLoadDefaultConfig: codecs built from one config that
+// config.LoadDefaultConfig loaded (static keys from the environment, the
+// SDK's default HTTP client) share an Identity; other keys do not. (A second
+// load makes another HTTP client, and so another Identity.)
+func TestIdentityLoadDefaultConfig(t *testing.T) {
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+	t.Setenv("AWS_REGION", "eu-west-1")
+	load := func() aws.Config {
+		cfg, err := config.LoadDefaultConfig(context.Background())
+		require.NoError(t, err)
+		return cfg
+	}
+	loaded := load()
+	a := mustNew(t, sqs.Config{QueueURL: testQueue, AWS: loaded})
+	b := mustNew(t, sqs.Config{QueueURL: testQueue, AWS: loaded})
+	assert.Equal(t, a.Identity(), b.Identity(), "one loaded config")
+
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDOTHER")
+	other := loaded
+	other.Credentials = load().Credentials
+	assert.NotEqual(t, a.Identity(), mustNew(t, sqs.Config{QueueURL: testQueue, AWS: other}).Identity(), "other keys")
 }
