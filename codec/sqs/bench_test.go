@@ -48,7 +48,7 @@ func BenchmarkSendBatch(b *testing.B) {
 				}
 			})
 			b.Run("codec", func(b *testing.B) {
-				c, err := sqs.New(sqs.Config{QueueURL: q, AWS: e.cfg, IdempotencyAttribute: "idem"})
+				c, err := sqs.New(sqs.Config{QueueURL: q, AWS: e.cfg, IdempotencyAttribute: "idem", AttributeChecksumsOptional: e.kind == "kumo"})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -7,12 +7,24 @@
 // New takes a Config: the queue URL, either an aws.Config (region,
 // credentials, BaseEndpoint, HTTP client, retry settings) or a ready
 // *sqs.Client, the FIFO queue's deduplication mode and the codec.Tuning. It
-// refuses a config that is incomplete or outside SQS's limits. A codec's
-// Identity is a SHA-256 digest over all of it, static credentials included:
-// codecs that differ in any of it never share a batcher or a request, and
-// the secret never leaves the digest. Credential providers other than static
-// ones, HTTP clients and retryers cannot be read back and count by identity:
-// pass the same values to share a batcher.
+// refuses a config that is incomplete or outside SQS's limits, and a Tuning
+// that codec.Tuning.Check refuses, naming the field.
+//
+// Codecs with equal Identities share a batcher, and it sends every one's
+// messages through the codec that started it. So two codecs get equal
+// Identities only when the codec can tell that they send alike. Identity is a
+// SHA-256 digest over the queue, the codec's options and every field of the
+// aws.Config but the logger: data by value; static credentials by their
+// values (also inside an aws.CredentialsCache, as config.LoadDefaultConfig
+// wraps them), so the secret never leaves the digest; a pointer (an HTTP
+// client, a credentials cache) by the object it points to, kept alive by the
+// codec. A func cannot be told apart from another closure of the same
+// literal, whatever keys it captured, so a func anywhere in the aws.Config (a
+// CredentialsProviderFunc, a Retryer, APIOptions, ServiceOptions, an endpoint
+// resolver func, an interceptor func) makes the Identity unique to the codec
+// value: such codecs share no batcher. To share one, reuse the *Codec, or
+// build the codecs on one *sqs.Client (Config.Client), whose Identity is the
+// client's.
 //
 // # Mapping
 //
@@ -22,6 +34,8 @@
 //	Message.IdempotencyKey  MessageDeduplicationId on FIFO queues, and on every
 //	                        queue the message attribute Config.IdempotencyAttribute
 //	                        (default "idempotency-key") for consumers
+//	Message.Trace           the AWSTraceHeader system attribute (X-Ray format), or
+//	                        the traceparent and tracestate attributes: see Tracing
 //	Result.ID               MessageId
 //	Result.Sequence         SequenceNumber (FIFO queues)
 //
@@ -37,6 +51,35 @@
 // SDK checks none of this: Limits and Size state it so the batcher packs
 // within it, and Validate refuses what can never fit.
 //
+// A queue may allow less per message: its MaximumMessageSize (queues created
+// before 2025 often still allow 256 KiB). Config.MaxMessageBytes states it,
+// or Config.ReadQueueAttributes makes New read it from the queue (one
+// GetQueueAttributes call, in New because Validate must not wait on the
+// network). Validate then refuses a heavier message at admission with an
+// error wrapping codec.ErrTooLarge, so SQS never sees it; requests keep the
+// 1 MiB limit.
+//
+// # Tracing
+//
+// When the instance traces, the batcher sets each message's Trace to its
+// create span's W3C context, and the codec carries it to consumers as
+// Config.TracePropagation says. By default (TraceAWSHeader) it goes in the
+// AWSTraceHeader message system attribute, converted to X-Ray's format
+// (Root=1-<first 8 hex of the trace id>-<other 24>;Parent=<span id>;
+// Sampled=<0|1>): the X-Ray SDKs, Lambda and OpenTelemetry's X-Ray propagator
+// read it, and it costs none of the 10 message attributes.
+// TraceW3CAttributes sends the "traceparent" and, when not empty,
+// "tracestate" message attributes instead, as OpenTelemetry's W3C propagator
+// reads them; they count toward the 10 attributes (Validate) and the size.
+// TraceBoth sends both; TraceOff nothing. Size counts what is carried, the
+// AWSTraceHeader too, although SQS does not count a system attribute toward a
+// message's size. A trace context never costs a message its delivery: an
+// invalid traceparent, or a tracestate SQS would refuse, is not carried; a
+// caller's own "traceparent" or "tracestate" attribute wins over the codec's;
+// and SQS's checksum of the AWSTraceHeader (MD5OfMessageSystemAttributes) is
+// checked when SQS sends it but not required. Neither kumo nor fauxqs stores
+// the AWSTraceHeader; both store the W3C attributes.
+//
 // # Errors
 //
 // Validate, which the batcher calls at admission, refuses with a permanent
@@ -50,20 +93,42 @@
 //
 // SendBatch answers:
 //   - each successful entry with its MessageId and SequenceNumber, after
-//     checking MD5OfMessageBody and, where SQS returns it,
+//     checking MD5OfMessageBody and, when attributes were sent,
 //     MD5OfMessageAttributes (the SDK's own check is off, since one mismatch
-//     makes it drop the whole answer); a mismatch fails that entry only,
-//     retryably (CodeChecksumMismatch);
+//     makes it drop the whole answer). A mismatch fails that entry only,
+//     retryably (CodeChecksumMismatch). So does a missing checksum
+//     (CodeMissingChecksum): an answer that cannot be checked is not
+//     trusted. Amazon SQS always sends both; for an emulator that omits the
+//     attributes' checksum (kumo), set Config.AttributeChecksumsOptional;
+//   - an entry listed both as successful and as failed as failed, retryably
+//     (CodeConflictingResult), whatever the failure's code: SQS said both,
+//     so it may be stored, and a retry with the same IdempotencyKey is the
+//     safe answer (a FIFO queue drops it as a duplicate; on a standard queue
+//     consumers deduplicate by the idempotency attribute);
 //   - each failed entry with a *codec.EntryError carrying SQS's code and
-//     text, permanent when SQS says the sender is at fault;
+//     text: permanent only for a code that says the message itself is at
+//     fault (InvalidMessageContents, InvalidParameterValue and the like) or
+//     one of the permanent codes below; Throttled for a throttling code;
+//     retryable for any other code;
 //   - an entry missing from SQS's answer with a retryable CodeMissingResult;
 //   - a whole request SQS refuses for its content (BatchRequestTooLong,
 //     TooManyEntriesInBatchRequest, InvalidParameterValue and the like) with
 //     an error wrapping codec.ErrRefused, so the batcher bisects it;
-//   - a missing queue, denied access or bad credentials with an error
-//     wrapping a permanent *codec.EntryError, the answer for every message;
-//   - throttling, 5xx answers, network faults and a done context with a
-//     retryable error wrapping the SDK's (or the context's) error.
+//   - a short list of codes no resend can cure, the answer for every
+//     message, with an error wrapping a permanent *codec.EntryError: a
+//     missing queue (QueueDoesNotExist), denied access or bad credentials
+//     (AccessDenied, InvalidClientTokenId, SignatureDoesNotMatch, ...), and a
+//     queue whose KMS key cannot be used (KmsAccessDenied, KmsDisabled,
+//     KmsNotFound, ... and their KMS.* forms);
+//   - throttling, by SQS's or KMS's code (RequestThrottled, Throttling,
+//     ThrottlingException, KmsThrottled, KMS.ThrottlingException, ...) or by
+//     an HTTP 429 from anything in between, with a retryable error wrapping
+//     codec.ErrThrottled and the SDK's error (codec.IsThrottled);
+//   - anything else (5xx answers, network faults, a done context, and any
+//     code or status the codec does not know) with a retryable error
+//     wrapping the SDK's (or the context's) error. Unknown is never
+//     permanent: a code SQS adds later, or a proxy's answer, must not park a
+//     message for good.
 //
 // # Retries
 //

@@ -3,20 +3,25 @@ package sqs_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/sivchari/kumo"
 
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
 )
 
-// A codec for a FIFO queue, here on kumo, an SQS emulator. In production
-// the aws.Config comes from config.LoadDefaultConfig and the codec goes to
-// an actors.Instance's Deliver; SendBatch is what the batcher calls.
-func ExampleNew() {
+// Orders go to a FIFO queue through a sinkbatch instance; here the queue is
+// on kumo, an SQS emulator running in-process, as in a test. In production
+// the aws.Config comes from config.LoadDefaultConfig and the queue already
+// exists.
+func Example() {
 	srv := kumo.NewServer()
 	defer srv.Close()
 	cfg := aws.Config{
@@ -24,8 +29,10 @@ func ExampleNew() {
 		Credentials:  credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
 		BaseEndpoint: aws.String(srv.URL),
 	}
-	ctx := context.Background()
-	q, err := awssqs.NewFromConfig(cfg).CreateQueue(ctx, &awssqs.CreateQueueInput{
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin := awssqs.NewFromConfig(cfg)
+	q, err := admin.CreateQueue(ctx, &awssqs.CreateQueueInput{
 		QueueName:  aws.String("orders.fifo"),
 		Attributes: map[string]string{"FifoQueue": "true"},
 	})
@@ -33,29 +40,56 @@ func ExampleNew() {
 		panic(err)
 	}
 
-	c, err := sqs.New(sqs.Config{QueueURL: aws.ToString(q.QueueUrl), AWS: cfg})
+	// One codec per queue; keep it and pass the same value to every
+	// Deliver. kumo, unlike SQS, returns no checksum of the attributes.
+	orders, err := sqs.New(sqs.Config{QueueURL: aws.ToString(q.QueueUrl), AWS: cfg, AttributeChecksumsOptional: true})
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(c.Name(), c.FIFO(), c.Limits().MaxEntries, c.Limits().MaxBytes)
 
-	// A FIFO queue needs a group and, without content-based
-	// deduplication, an idempotency key.
-	fmt.Println(c.Validate(codec.Message{Body: []byte("no group"), IdempotencyKey: "k0"}))
-
-	res, err := c.SendBatch(ctx, []codec.Message{
-		{Group: "customer-1", IdempotencyKey: "order-1", Body: []byte(`{"order":1}`)},
-		{Group: "customer-1", IdempotencyKey: "order-2", Body: []byte(`{"order":2}`), Attributes: map[string]string{"kind": "refund"}},
-	})
+	// protoactor logs every actor's start and stop: route its logs (here,
+	// nowhere) with its logger factory.
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(slog.DiscardHandler)
+	}))
+	defer system.Shutdown()
+	inst, err := actors.Start(system, actors.Config{Name: "orders"})
 	if err != nil {
 		panic(err)
 	}
-	for _, r := range res {
-		fmt.Println(r.Err == nil && r.ID != "", r.Sequence != "")
+	defer func() {
+		if err := inst.Stop(ctx); err != nil {
+			panic(err)
+		}
+	}()
+
+	// A FIFO queue needs a group; the idempotency key becomes the
+	// deduplication id. A message SQS would refuse is answered at once.
+	_, err = inst.Deliver(ctx, orders, codec.Message{Body: []byte("no group"), IdempotencyKey: "order-0"})
+	fmt.Println(err)
+	for i := 1; i <= 3; i++ {
+		id, err := inst.Deliver(ctx, orders, codec.Message{
+			Tenant:         "shop-1",
+			Group:          "customer-42",
+			IdempotencyKey: fmt.Sprintf("order-%d", i),
+			Body:           []byte(fmt.Sprintf(`{"order":%d}`, i)),
+		})
+		fmt.Println(id != "", err)
+	}
+
+	out, err := admin.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: q.QueueUrl, MaxNumberOfMessages: 10})
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range out.Messages {
+		fmt.Println(aws.ToString(m.Body))
 	}
 	// Output:
-	// sqs true 10 1048576
 	// sinkbatch: permanent failure MissingMessageGroupId: a FIFO queue needs a Group (MessageGroupId) on every message
-	// true true
-	// true true
+	// true <nil>
+	// true <nil>
+	// true <nil>
+	// {"order":1}
+	// {"order":2}
+	// {"order":3}
 }

@@ -14,3 +14,9 @@ func SendUnvalidated(ctx context.Context, c *Codec, batch []codec.Message) ([]co
 
 // AttributesMD5 exposes the MD5OfMessageAttributes computation to tests.
 var AttributesMD5 = attributesMD5
+
+// XRayHeader and ValidTraceparent expose the trace context conversion.
+var (
+	XRayHeader       = xrayHeader
+	ValidTraceparent = validTraceparent
+)

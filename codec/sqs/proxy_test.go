@@ -18,6 +18,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,7 +151,8 @@ func newFaultEnv(t *testing.T, fifo bool) *faultEnv {
 	q := e.createQueue(t, fifo, false)
 	cfg := e.cfg
 	cfg.BaseEndpoint = aws.String(p.url)
-	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem"})
+	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem", AttributeChecksumsOptional: true}) // kumo
+
 	require.NoError(t, err)
 	return &faultEnv{env: e, proxy: p, queue: q, codec: c}
 }
@@ -408,43 +410,131 @@ func TestFaultAnswerReorderedAndIncomplete(t *testing.T) {
 	f.acknowledgedAreStored(t, batch, res)
 }
 
-func TestFaultWholeRequestErrors(t *testing.T) {
+// TestFaultClassification: every whole-request answer SQS (or something in
+// front of it) can give, and what the codec makes of it. Only the listed
+// codes are permanent; throttling, by code or by HTTP 429, wraps
+// codec.ErrThrottled; anything unknown is retryable.
+func TestFaultClassification(t *testing.T) {
+	const (
+		refused = iota
+		permanent
+		throttled
+		retryable
+	)
 	tests := []struct {
-		code      string
-		status    int
-		refused   bool
-		permanent bool
+		name   string
+		answer func(w http.ResponseWriter)
+		code   string // in the error text; "" for none
+		want   int
 	}{
-		{"BatchRequestTooLong", 400, true, false},
-		{"TooManyEntriesInBatchRequest", 400, true, false},
-		{"QueueDoesNotExist", 400, false, true},
-		{"AccessDenied", 403, false, true},
-		{"InvalidClientTokenId", 403, false, true},
-		{"SignatureDoesNotMatch", 403, false, true},
-		{"SomethingNew", 400, false, true},
-		{"KmsThrottled", 400, false, false},
+		{"BatchRequestTooLong", sqsError(400, "BatchRequestTooLong", ""), "BatchRequestTooLong", refused},
+		{"TooManyEntriesInBatchRequest", sqsError(400, "TooManyEntriesInBatchRequest", ""), "TooManyEntriesInBatchRequest", refused},
+		{"QueueDoesNotExist", sqsError(400, "QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"), "AWS.SimpleQueueService.NonExistentQueue", permanent},
+		{"AccessDenied", sqsError(403, "AccessDenied", ""), "AccessDenied", permanent},
+		{"InvalidClientTokenId", sqsError(403, "InvalidClientTokenId", ""), "InvalidClientTokenId", permanent},
+		{"SignatureDoesNotMatch", sqsError(403, "SignatureDoesNotMatch", ""), "SignatureDoesNotMatch", permanent},
+		{"KmsAccessDenied as KMS reports it", sqsError(400, "KmsAccessDenied", "KMS.AccessDeniedException"), "KMS.AccessDeniedException", permanent},
+		{"KmsDisabled", sqsError(400, "KmsDisabled", ""), "KmsDisabled", permanent},
+		{"KmsThrottled as KMS reports it", sqsError(400, "KmsThrottled", "KMS.ThrottlingException"), "KMS.ThrottlingException", throttled},
+		{"KmsThrottled", sqsError(400, "KmsThrottled", ""), "KmsThrottled", throttled},
+		{"RequestThrottled", sqsError(403, "RequestThrottled", ""), "RequestThrottled", throttled},
+		{"ThrottlingException", sqsError(400, "ThrottlingException", ""), "ThrottlingException", throttled},
+		{"Throttling", sqsError(400, "Throttling", ""), "Throttling", throttled},
+		{"unknown code 400", sqsError(400, "SomethingNew", ""), "SomethingNew", retryable},
+		{"unknown code 403", sqsError(403, "SomethingElse", ""), "SomethingElse", retryable},
+		{"InternalError 500", sqsError(500, "InternalError", ""), "InternalError", retryable},
+		{"a proxy's plain 429", plain(http.StatusTooManyRequests), "429", throttled},
+		{"a proxy's plain 403", plain(http.StatusForbidden), "403", retryable},
+		{"a proxy's plain 502", plain(http.StatusBadGateway), "502", retryable},
 	}
 	for _, tt := range tests {
-		t.Run(tt.code, func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			f := newFaultEnv(t, false)
-			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
-				awsError(w, tt.status, tt.code, "injected")
-			}), nil)
+			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) { tt.answer(w) }), nil)
 			_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 			require.Error(t, err)
-			assert.Equal(t, tt.refused, errors.Is(err, codec.ErrRefused), "%v", err)
-			var ee *codec.EntryError
-			if tt.permanent {
+			assert.Equal(t, tt.want == refused, errors.Is(err, codec.ErrRefused), "refused: %v", err)
+			if tt.want != refused { // IsPermanent holds for a refusal narrowed to one message
+				assert.Equal(t, tt.want == permanent, codec.IsPermanent(err), "permanent: %v", err)
+			}
+			assert.Equal(t, tt.want == throttled, codec.IsThrottled(err), "throttled: %v", err)
+			if tt.want == permanent {
+				var ee *codec.EntryError
 				require.ErrorAs(t, err, &ee)
-				assert.True(t, ee.Permanent)
 				assert.Equal(t, tt.code, ee.Code)
 			}
-			if !tt.refused {
-				assert.Equal(t, tt.permanent, codec.IsPermanent(err), "%v", err)
+			if tt.want == throttled || tt.want == retryable {
+				var ee *codec.EntryError
+				assert.False(t, errors.As(err, &ee), "a retryable request error carries the SDK's error, not an EntryError")
+				var re *awshttp.ResponseError
+				assert.ErrorAs(t, err, &re, "the SDK's error is kept")
 			}
 			assert.Contains(t, err.Error(), tt.code)
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/sqs: "), err.Error())
 			assert.NotContains(t, err.Error(), "secret-test")
 		})
+	}
+}
+
+// TestFaultEntryClassification: a failed entry is permanent only for a
+// content or a permanent code, throttled for a throttling code, retryable
+// otherwise, whatever SenderFault says.
+func TestFaultEntryClassification(t *testing.T) {
+	tests := []struct {
+		code                 string
+		senderFault          bool
+		permanent, throttled bool
+	}{
+		{"InvalidMessageContents", true, true, false},
+		{"InvalidParameterValue", true, true, false},
+		{"KMS.DisabledException", true, true, false},
+		{"KmsAccessDenied", true, true, false},
+		{"KMS.ThrottlingException", true, false, true},
+		{"KmsThrottled", false, false, true},
+		{"RequestThrottled", true, false, true},
+		{"SomethingNew", true, false, false},
+		{"InternalError", false, false, false},
+	}
+	f := newFaultEnv(t, false)
+	for _, tt := range tests {
+		t.Run(tt.code, func(t *testing.T) {
+			f.proxy.set(nil, func(_ int, a *batchAnswer) {
+				e := a.Successful[0]
+				a.Successful = a.Successful[1:]
+				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": tt.code, "Message": "injected", "SenderFault": tt.senderFault})
+			})
+			res, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
+			require.NoError(t, err)
+			require.NoError(t, res[1].Err)
+			var ee *codec.EntryError
+			require.ErrorAs(t, res[0].Err, &ee)
+			assert.Equal(t, tt.code, ee.Code)
+			assert.Equal(t, tt.permanent, codec.IsPermanent(res[0].Err))
+			assert.Equal(t, tt.throttled, codec.IsThrottled(res[0].Err))
+		})
+	}
+}
+
+// sqsError answers with SQS's JSON error shape: the shape's name in
+// __type and, when queryCode is set, the AWS-query compatible code SQS also
+// sends (the SDK reports that one).
+func sqsError(status int, typ, queryCode string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		if queryCode != "" {
+			w.Header().Set("X-Amzn-Query-Error", queryCode+";Sender")
+		}
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":"injected"}`, typ)
+	}
+}
+
+// plain answers as a proxy or gateway would: a status and a text body.
+func plain(status int) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(status)
+		fmt.Fprint(w, http.StatusText(status))
 	}
 }
 
@@ -495,4 +585,91 @@ func TestFaultAnswerLostAfterStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFaultSuccessAndFailure: an entry SQS lists both as successful and as
+// failed is answered failed and retryable, whatever the failure's code: it
+// may be stored, and a retry with the same key is safe.
+func TestFaultSuccessAndFailure(t *testing.T) {
+	for _, code := range []string{"InternalError", "InvalidParameterValue"} {
+		t.Run(code, func(t *testing.T) {
+			f := newFaultEnv(t, false)
+			f.proxy.set(nil, func(_ int, a *batchAnswer) {
+				for _, e := range a.Successful {
+					if entryIndex(e) == 1 {
+						a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": code, "Message": "injected", "SenderFault": true})
+					}
+				}
+			})
+			batch := batchOf(runName(t), 0, 3, 1)
+			res, err := f.codec.SendBatch(ctx(t), batch)
+			require.NoError(t, err)
+			require.NoError(t, res[0].Err)
+			require.NoError(t, res[2].Err)
+			var ee *codec.EntryError
+			require.ErrorAs(t, res[1].Err, &ee)
+			assert.Equal(t, sqs.CodeConflictingResult, ee.Code)
+			assert.False(t, codec.IsPermanent(res[1].Err))
+			f.acknowledgedAreStored(t, batch, res)
+		})
+	}
+}
+
+// TestFaultMissingChecksums: a success without MD5OfMessageBody, or without
+// MD5OfMessageAttributes for attributes that were sent, cannot be checked
+// and is answered retryable.
+func TestFaultMissingChecksums(t *testing.T) {
+	t.Run("body", func(t *testing.T) {
+		f := newFaultEnv(t, false)
+		f.proxy.set(nil, func(_ int, a *batchAnswer) {
+			for _, e := range a.Successful {
+				if entryIndex(e) == 2 {
+					delete(e, "MD5OfMessageBody")
+				}
+			}
+		})
+		batch := batchOf(runName(t), 0, 4, 1)
+		res, err := f.codec.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for i, r := range res {
+			if i != 2 {
+				require.NoError(t, r.Err)
+				continue
+			}
+			var ee *codec.EntryError
+			require.ErrorAs(t, r.Err, &ee)
+			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+			assert.Contains(t, ee.Message, "MD5OfMessageBody")
+			assert.False(t, codec.IsPermanent(r.Err))
+		}
+		f.acknowledgedAreStored(t, batch, res)
+	})
+	t.Run("attributes", func(t *testing.T) {
+		// kumo's own answer has no MD5OfMessageAttributes.
+		e := newKumo(t)
+		q := e.createQueue(t, false, false)
+		strict := e.codec(t, q, codec.Tuning{}, func(c *sqs.Config) { c.AttributeChecksumsOptional = false })
+		lenient := e.codec(t, q, codec.Tuning{})
+		assert.NotEqual(t, strict.Identity(), lenient.Identity())
+		batch := []codec.Message{
+			{Body: []byte("with attributes"), Attributes: map[string]string{"a": "b"}},
+			{Body: []byte("with a key"), IdempotencyKey: "k"},
+			{Body: []byte("bare")},
+		}
+		res, err := strict.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for _, r := range res[:2] {
+			var ee *codec.EntryError
+			require.ErrorAs(t, r.Err, &ee)
+			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+			assert.Contains(t, ee.Message, "MD5OfMessageAttributes")
+			assert.False(t, codec.IsPermanent(r.Err))
+		}
+		require.NoError(t, res[2].Err, "no attributes sent, none to check")
+		res, err = lenient.SendBatch(ctx(t), batch)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.NoError(t, r.Err)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"sort"
 	"strconv"
 
@@ -28,6 +29,16 @@ const (
 	// CodeMissingResult: SQS's answer named the entry neither among the
 	// successful nor among the failed ones, or gave it no message id.
 	CodeMissingResult = "MissingResult"
+	// CodeConflictingResult: SQS's answer listed the entry both as
+	// successful and as failed. It may be stored; a retry with the same
+	// IdempotencyKey is safe (a FIFO queue drops it as a duplicate; on a
+	// standard queue consumers deduplicate by the key).
+	CodeConflictingResult = "ConflictingResult"
+	// CodeMissingChecksum: SQS answered success without MD5OfMessageBody,
+	// or without MD5OfMessageAttributes when attributes were sent (see
+	// Config.AttributeChecksumsOptional), so what it stored cannot be
+	// checked.
+	CodeMissingChecksum = "MissingChecksum"
 )
 
 // Whole-request error codes SQS answers for a request's content: the batcher
@@ -45,52 +56,65 @@ var refusedCodes = map[string]bool{
 	"MissingParameter":                                    true,
 }
 
-// Whole-request error codes that no resend can cure: the queue, the
-// credentials or the permissions are wrong.
+// permanentCodes are the error codes no resend can cure: the queue, the
+// credentials, the permissions or the queue's KMS key are wrong. SQS reports
+// a KMS fault by its own code (KmsAccessDenied) or, where the SDK reads the
+// AWS-query compatible code, by KMS's (KMS.AccessDeniedException); both are
+// listed. Only these, and a content code of refusedCodes for a single entry,
+// are permanent: a code or status the codec does not know is retryable, so
+// that a proxy's answer or a code SQS adds later never parks a message for
+// good.
 var permanentCodes = map[string]bool{
 	"QueueDoesNotExist":                       true,
 	"AWS.SimpleQueueService.NonExistentQueue": true,
-	"QueueDeletedRecently":                    true,
 	"AccessDenied":                            true,
 	"AccessDeniedException":                   true,
 	"InvalidClientTokenId":                    true,
 	"UnrecognizedClientException":             true,
-	"InvalidAccessKeyId":                      true,
 	"SignatureDoesNotMatch":                   true,
 	"IncompleteSignature":                     true,
 	"MissingAuthenticationToken":              true,
 	"InvalidSecurity":                         true,
 	"InvalidAddress":                          true,
 	"UnsupportedOperation":                    true,
-	"KmsAccessDenied":                         true,
-	"KmsDisabled":                             true,
-	"KmsNotFound":                             true,
-	"KmsInvalidState":                         true,
-	"KmsInvalidKeyUsage":                      true,
-	"KmsOptInRequired":                        true,
 	"OptInRequired":                           true,
+	"KmsAccessDenied":                         true,
+	"KMS.AccessDeniedException":               true,
+	"KmsDisabled":                             true,
+	"KMS.DisabledException":                   true,
+	"KmsNotFound":                             true,
+	"KMS.NotFoundException":                   true,
+	"KmsInvalidState":                         true,
+	"KMS.KMSInvalidStateException":            true,
+	"KmsInvalidKeyUsage":                      true,
+	"KMS.InvalidKeyUsageException":            true,
+	"KmsOptInRequired":                        true,
+	"KMS.OptInRequired":                       true,
 }
 
-// transientCodes are client-fault codes that a later request may not hit.
-var transientCodes = map[string]bool{
-	"RequestThrottled":          true,
-	"ThrottlingException":       true,
+// throttleCodes are the codes by which SQS, KMS behind it, or a gateway in
+// front asks the sender to slow down. A failure with one (or an HTTP 429)
+// wraps codec.ErrThrottled: retryable, and an adaptive destination lowers its
+// in-flight limit on it.
+var throttleCodes = map[string]bool{
 	"Throttling":                true,
+	"ThrottlingException":       true,
 	"ThrottledException":        true,
+	"RequestThrottled":          true,
 	"RequestThrottledException": true,
 	"TooManyRequestsException":  true,
+	"RequestLimitExceeded":      true,
+	"SlowDown":                  true,
 	"KmsThrottled":              true,
-	"RequestExpired":            true,
-	"ExpiredToken":              true,
-	"RequestTimeout":            true,
-	"RequestTimeoutException":   true,
+	"KMS.ThrottlingException":   true,
 }
 
 // sent is what SendBatch remembers of an entry to check SQS's answer.
 type sent struct {
-	index int
-	body  string
-	attrs map[string]types.MessageAttributeValue
+	index    int
+	body     string
+	attrs    map[string]types.MessageAttributeValue // message attributes
+	sysAttrs map[string]types.MessageAttributeValue // system attributes
 }
 
 // SendBatch sends batch as one SendMessageBatch request and maps SQS's
@@ -140,6 +164,12 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		return nil, c.classify(err)
 	}
 
+	// An entry SQS lists as failed is never answered as a success, even if
+	// it is listed as successful too: see CodeConflictingResult.
+	failed := make(map[string]bool, len(out.Failed))
+	for _, f := range out.Failed {
+		failed[aws.ToString(f.Id)] = true
+	}
 	for _, s := range out.Successful {
 		id := aws.ToString(s.Id)
 		p, ok := pending[id]
@@ -147,6 +177,13 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 			continue
 		}
 		delete(pending, id)
+		if failed[id] {
+			results[p.index].Err = &codec.EntryError{
+				Code:    CodeConflictingResult,
+				Message: "SQS listed this entry both as successful and as failed; it may be stored",
+			}
+			continue
+		}
 		results[p.index] = c.success(p, s)
 	}
 	for _, f := range out.Failed {
@@ -156,11 +193,7 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 			continue
 		}
 		delete(pending, id)
-		results[p.index].Err = &codec.EntryError{
-			Code:      aws.ToString(f.Code),
-			Message:   aws.ToString(f.Message),
-			Permanent: f.SenderFault,
-		}
+		results[p.index].Err = entryError(aws.ToString(f.Code), aws.ToString(f.Message))
 	}
 	for _, p := range pending {
 		results[p.index].Err = &codec.EntryError{
@@ -177,42 +210,55 @@ func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequest
 		Id:          aws.String(id),
 		MessageBody: aws.String(string(m.Body)),
 	}
-	var attrs map[string]types.MessageAttributeValue
-	if n := len(m.Attributes); n > 0 || m.IdempotencyKey != "" {
-		attrs = make(map[string]types.MessageAttributeValue, n+1)
+	tr := c.carried(m)
+	if n := len(m.Attributes) + tr.count(); n > 0 || m.IdempotencyKey != "" {
+		e.MessageAttributes = make(map[string]types.MessageAttributeValue, n+1)
 		for k, v := range m.Attributes {
-			attrs[k] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+			e.MessageAttributes[k] = stringValue(v)
 		}
 		if m.IdempotencyKey != "" {
-			attrs[c.idemAttr] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(m.IdempotencyKey)}
+			e.MessageAttributes[c.idemAttr] = stringValue(m.IdempotencyKey)
 		}
-		e.MessageAttributes = attrs
 	}
+	sysAttrs := c.traceEntry(m, tr, &e)
 	if m.Group != "" {
 		e.MessageGroupId = aws.String(m.Group)
 	}
 	if c.fifo && m.IdempotencyKey != "" {
 		e.MessageDeduplicationId = aws.String(m.IdempotencyKey)
 	}
-	return e, sent{body: *e.MessageBody, attrs: attrs}
+	return e, sent{body: *e.MessageBody, attrs: e.MessageAttributes, sysAttrs: sysAttrs}
 }
 
-// success checks a successful entry's checksums and makes its Result.
+// success checks a successful entry's checksums and makes its Result. Every
+// checksum for what was sent must be there and match: an answer without one
+// is as untrustworthy as a wrong one.
 func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Result {
-	if got := aws.ToString(s.MD5OfMessageBody); got != "" {
-		if want := md5Hex([]byte(p.body)); got != want {
-			return codec.Result{Err: &codec.EntryError{
-				Code:    CodeChecksumMismatch,
-				Message: fmt.Sprintf("MD5OfMessageBody is %s, want %s", got, want),
-			}}
+	mismatch := func(code, format string, args ...any) codec.Result {
+		return codec.Result{Err: &codec.EntryError{Code: code, Message: fmt.Sprintf(format, args...)}}
+	}
+	want := md5Hex([]byte(p.body))
+	switch got := aws.ToString(s.MD5OfMessageBody); {
+	case got == "":
+		return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageBody (want %s)", want)
+	case got != want:
+		return mismatch(CodeChecksumMismatch, "MD5OfMessageBody is %s, want %s", got, want)
+	}
+	if len(p.attrs) > 0 {
+		want := attributesMD5(p.attrs)
+		switch got := aws.ToString(s.MD5OfMessageAttributes); {
+		case got == "" && !c.attrChecksumsOptional:
+			return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageAttributes (want %s)", want)
+		case got != "" && got != want:
+			return mismatch(CodeChecksumMismatch, "MD5OfMessageAttributes is %s, want %s", got, want)
 		}
 	}
-	if got := aws.ToString(s.MD5OfMessageAttributes); got != "" && len(p.attrs) > 0 {
-		if want := attributesMD5(p.attrs); got != want {
-			return codec.Result{Err: &codec.EntryError{
-				Code:    CodeChecksumMismatch,
-				Message: fmt.Sprintf("MD5OfMessageAttributes is %s, want %s", got, want),
-			}}
+	// The AWSTraceHeader is checked when SQS sends its checksum but not
+	// required: it is not the message's content, and a trace context must
+	// never cost a message its delivery.
+	if got := aws.ToString(s.MD5OfMessageSystemAttributes); got != "" && len(p.sysAttrs) > 0 {
+		if want := attributesMD5(p.sysAttrs); got != want {
+			return mismatch(CodeChecksumMismatch, "MD5OfMessageSystemAttributes is %s, want %s", got, want)
 		}
 	}
 	if aws.ToString(s.MessageId) == "" {
@@ -258,10 +304,26 @@ func attributesMD5(attrs map[string]types.MessageAttributeValue) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// entryError is SQS's failure of one entry: permanent only for a content
+// code (the message itself is at fault) or a permanent code, throttled for a
+// throttling code, retryable otherwise. SenderFault is not read: SQS sets it
+// for throttling too.
+func entryError(code, msg string) *codec.EntryError {
+	return &codec.EntryError{
+		Code:      code,
+		Message:   msg,
+		Permanent: refusedCodes[code] || permanentCodes[code],
+		Throttled: throttleCodes[code],
+	}
+}
+
 // classify turns the error of a whole SendMessageBatch call (after the SDK's
 // own retries) into the codec's answer: a refusal of the request's content
 // (wrapping codec.ErrRefused), a permanent failure for every message (an
-// *codec.EntryError with Permanent), or a retryable one (anything else).
+// *codec.EntryError with Permanent), throttling (wrapping codec.ErrThrottled
+// and the SDK's error), or a retryable failure wrapping the SDK's error
+// (anything else: 5xx, network faults, codes and statuses the codec does not
+// know).
 func (c *Codec) classify(err error) error {
 	// A verdict from SQS outranks a context that ended since: only an error
 	// that is the context's own is answered as such.
@@ -269,32 +331,28 @@ func (c *Codec) classify(err error) error {
 		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
 	}
 	var (
-		apiErr   smithy.APIError
-		tooLong  *types.BatchRequestTooLong
-		tooMany  *types.TooManyEntriesInBatchRequest
-		notExist *types.QueueDoesNotExist
+		apiErr       smithy.APIError
+		re           *awshttp.ResponseError
+		tooLong      *types.BatchRequestTooLong
+		tooMany      *types.TooManyEntriesInBatchRequest
+		notExist     *types.QueueDoesNotExist
+		throttled    *types.RequestThrottled
+		kmsThrottled *types.KmsThrottled
 	)
-	if !errors.As(err, &apiErr) {
-		// No answer from SQS: a network fault the SDK gave up on.
-		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+	code, msg, status := "", "", 0
+	if errors.As(err, &apiErr) {
+		code, msg = apiErr.ErrorCode(), apiErr.ErrorMessage()
 	}
-	code := apiErr.ErrorCode()
-	status := 0
-	var re *awshttp.ResponseError
 	if errors.As(err, &re) {
 		status = re.HTTPStatusCode()
 	}
 	switch {
 	case errors.As(err, &tooLong) || errors.As(err, &tooMany) || refusedCodes[code]:
-		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %s: %s: %w", c.queueName, code, apiErr.ErrorMessage(), codec.ErrRefused)
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %s: %s: %w", c.queueName, code, msg, codec.ErrRefused)
 	case errors.As(err, &notExist) || permanentCodes[code]:
-		return c.permanent(code, apiErr.ErrorMessage())
-	case transientCodes[code] || status >= 500 || apiErr.ErrorFault() == smithy.FaultServer:
-		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
-	case apiErr.ErrorFault() == smithy.FaultClient || (status >= 400 && status < 500):
-		// SQS says the request is at fault and names no known cause:
-		// the same request would fail again.
-		return c.permanent(code, apiErr.ErrorMessage())
+		return c.permanent(code, msg)
+	case errors.As(err, &throttled) || errors.As(err, &kmsThrottled) || throttleCodes[code] || status == http.StatusTooManyRequests:
+		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w: %w", c.queueName, codec.ErrThrottled, err)
 	}
 	return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
 }

@@ -2,17 +2,18 @@ package sqs
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/url"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/ankusa/sinkbatch/codec"
 )
@@ -32,6 +33,13 @@ const (
 	MaxIDLength = 128
 )
 
+// QueueAttributesTimeout bounds New's GetQueueAttributes call when
+// Config.ReadQueueAttributes is set, the SDK's retries included.
+const QueueAttributesTimeout = 10 * time.Second
+
+// minMessageSize is the smallest MaximumMessageSize SQS allows a queue.
+const minMessageSize = 1024
+
 // DefaultIdempotencyAttribute is the message attribute that carries a
 // message's IdempotencyKey when Config.IdempotencyAttribute is empty.
 const DefaultIdempotencyAttribute = "idempotency-key"
@@ -50,7 +58,9 @@ type Config struct {
 	// client and retry settings. The codec builds its own client from it.
 	AWS aws.Config
 	// Client is a ready client, used instead of AWS. The codec turns off its
-	// MD5 check per call and checks each entry itself.
+	// MD5 check per call and checks each entry itself. Codecs built on one
+	// client, with equal other fields, share an Identity, whatever the
+	// client's options hold.
 	Client *awssqs.Client
 	// ContentBasedDeduplication says the FIFO queue has content-based
 	// deduplication on, so a message without an IdempotencyKey is accepted.
@@ -59,6 +69,36 @@ type Config struct {
 	// message's IdempotencyKey on every queue, so that consumers can
 	// deduplicate. Default DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
+	// MaxMessageBytes is the most one message may weigh, as Size counts it;
+	// 0 is SQS's MaxBytes (1 MiB). Set it to the queue's MaximumMessageSize
+	// when that is smaller (queues created before 2025 often still allow
+	// 256 KiB), or set ReadQueueAttributes. Validate refuses a heavier
+	// message at admission with an error wrapping codec.ErrTooLarge, so it
+	// never reaches SQS. Requests stay within MaxBytes either way.
+	MaxMessageBytes int
+	// ReadQueueAttributes makes New read the queue's MaximumMessageSize with
+	// one GetQueueAttributes call, bounded by QueueAttributesTimeout; the
+	// smaller of it and MaxMessageBytes is the limit. New returns an error
+	// when the call fails. The read is in New, not lazy: Validate runs at
+	// admission, in the batcher's mailbox, where it must not wait on the
+	// network, and a limit learnt after admission would come too late for
+	// the messages already admitted. The credentials need
+	// sqs:GetQueueAttributes.
+	ReadQueueAttributes bool
+	// TracePropagation says how a message's trace context (Message.Trace)
+	// travels to consumers: by default (TraceAWSHeader) in the
+	// AWSTraceHeader system attribute, which costs none of the 10 message
+	// attributes; TraceW3CAttributes as the traceparent and tracestate
+	// message attributes; TraceBoth; or TraceOff. What is carried counts in
+	// Size, and W3C attributes count toward MaxAttributes in Validate.
+	TracePropagation TracePropagation
+	// AttributeChecksumsOptional accepts a successful entry whose answer
+	// lacks MD5OfMessageAttributes for the attributes it carried; one that
+	// is there is still checked. Amazon SQS always returns it: leave this
+	// false there. Some emulators never do (kumo); without this, every
+	// message with an attribute (an IdempotencyKey is one) is answered a
+	// retryable CodeMissingChecksum.
+	AttributeChecksumsOptional bool
 	// Tuning is the batch tuning; MaxEntries and MaxBytes may only tighten
 	// MaxEntries and MaxBytes.
 	Tuning codec.Tuning
@@ -73,8 +113,18 @@ type Codec struct {
 	fifo      bool
 	cbd       bool
 	idemAttr  string
-	tuning    codec.Tuning
-	identity  []byte
+	// maxMessage is the most one message may weigh, and maxMessageFrom
+	// where that limit comes from, for Validate's error.
+	maxMessage     int
+	maxMessageFrom string
+	trace          TracePropagation
+	// attrChecksumsOptional is Config.AttributeChecksumsOptional.
+	attrChecksumsOptional bool
+	tuning                codec.Tuning
+	identity              []byte
+	// keep holds the aws.Config the client was made from, so that what
+	// Identity names by address stays alive as long as the codec.
+	keep aws.Config
 }
 
 var _ interface {
@@ -87,7 +137,8 @@ var _ interface {
 var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,80}(\.fifo)?$`)
 
 // New returns a codec for cfg's queue. It checks cfg and returns an error
-// when it is incomplete or out of SQS's limits; it makes no request.
+// when it is incomplete or out of SQS's limits. It makes no request unless
+// cfg.ReadQueueAttributes is set.
 func New(cfg Config) (*Codec, error) {
 	if cfg.QueueURL == "" {
 		return nil, errors.New("sinkbatch/sqs: Config.QueueURL is empty")
@@ -101,8 +152,11 @@ func New(cfg Config) (*Codec, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || !queueNameRE.MatchString(name) || u.RawQuery != "" {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.QueueURL %q is not a queue URL (want http[s]://host/account/queue-name)", cfg.QueueURL)
 	}
-	if err := checkTuning(cfg.Tuning); err != nil {
-		return nil, err
+	if err := cfg.Tuning.Check(limits); err != nil {
+		return nil, fmt.Errorf("sinkbatch/sqs: New: %w", err)
+	}
+	if cfg.MaxMessageBytes < 0 || cfg.MaxMessageBytes > MaxBytes {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.MaxMessageBytes %d is outside [0, %d]", cfg.MaxMessageBytes, MaxBytes)
 	}
 	attr := cfg.IdempotencyAttribute
 	if attr == "" {
@@ -111,161 +165,148 @@ func New(cfg Config) (*Codec, error) {
 	if err := checkAttributeName(attr); err != "" {
 		return nil, fmt.Errorf("sinkbatch/sqs: Config.IdempotencyAttribute: %s", err)
 	}
-
-	var tr transport
-	client := cfg.Client
-	if client != nil {
-		if cfg.AWS.Region != "" || cfg.AWS.Credentials != nil || cfg.AWS.BaseEndpoint != nil || cfg.AWS.HTTPClient != nil {
-			return nil, errors.New("sinkbatch/sqs: set Config.AWS or Config.Client, not both")
-		}
-		o := client.Options()
-		tr = transport{
-			region: o.Region, endpoint: aws.ToString(o.BaseEndpoint), credentials: o.Credentials,
-			resolver: o.EndpointResolverV2, httpClient: o.HTTPClient, retryer: o.Retryer,
-			retryMaxAttempts: o.RetryMaxAttempts, retryMode: o.RetryMode, appID: o.AppID,
-			endpointOptions: o.EndpointOptions, apiOptions: apiOptions(o.APIOptions),
-		}
-	} else {
-		// Read the aws.Config itself, not the client's options: the SDK
-		// gives each client its own default HTTP client and retryer, and two
-		// codecs made from one aws.Config should share a batcher.
-		a := cfg.AWS
-		client = awssqs.NewFromConfig(a)
-		tr = transport{
-			region: a.Region, endpoint: aws.ToString(a.BaseEndpoint), credentials: a.Credentials,
-			resolver: a.EndpointResolverWithOptions, httpClient: a.HTTPClient, retryer: a.Retryer,
-			retryMaxAttempts: a.RetryMaxAttempts, retryMode: a.RetryMode, appID: a.AppID,
-			// FIPS and dual-stack come from the config's sources; the
-			// client has resolved them.
-			endpointOptions: client.Options().EndpointOptions, apiOptions: apiOptions(a.APIOptions),
-		}
+	if p := cfg.TracePropagation; p < TraceAWSHeader || p > TraceOff {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.TracePropagation %v is not one of TraceAWSHeader, TraceW3CAttributes, TraceBoth, TraceOff", p)
 	}
-	if tr.region == "" {
-		return nil, errors.New("sinkbatch/sqs: no region: set it in the aws.Config or the client")
-	}
-	if tr.credentials == nil {
-		return nil, errors.New("sinkbatch/sqs: no credentials: set them in the aws.Config or the client")
+	if p := cfg.TracePropagation; (p == TraceW3CAttributes || p == TraceBoth) && (attr == TraceParentAttribute || attr == TraceStateAttribute) {
+		return nil, fmt.Errorf("sinkbatch/sqs: Config.IdempotencyAttribute %q is the trace context's with Config.TracePropagation %v", attr, p)
 	}
 
 	c := &Codec{
-		client:    client,
 		queueURL:  cfg.QueueURL,
 		queueName: name,
 		fifo:      strings.HasSuffix(name, ".fifo"),
 		cbd:       cfg.ContentBasedDeduplication,
 		idemAttr:  attr,
 		tuning:    cfg.Tuning,
+
+		attrChecksumsOptional: cfg.AttributeChecksumsOptional,
+		trace:                 cfg.TracePropagation,
+		maxMessage:            MaxBytes,
+		maxMessageFrom:        "SQS's limit",
 	}
-	c.identity = c.digest(tr)
+	if cfg.MaxMessageBytes > 0 {
+		c.maxMessage, c.maxMessageFrom = cfg.MaxMessageBytes, "Config.MaxMessageBytes"
+	}
+	id := newIdentity()
+	id.field("kind", "sqs")
+	id.field("queue", c.queueURL)
+	id.field("content-based-deduplication", c.cbd)
+	id.field("idempotency-attribute", c.idemAttr)
+	id.field("attribute-checksums-optional", c.attrChecksumsOptional)
+	id.field("trace-propagation", c.trace)
+	id.field("tuning", c.tuning)
+	if cfg.Client != nil {
+		a := cfg.AWS
+		if a.Region != "" || a.Credentials != nil || a.BaseEndpoint != nil || a.HTTPClient != nil {
+			return nil, errors.New("sinkbatch/sqs: set Config.AWS or Config.Client, not both")
+		}
+		o := cfg.Client.Options()
+		if o.Region == "" {
+			return nil, errors.New("sinkbatch/sqs: no region: set it in the client")
+		}
+		if o.Credentials == nil {
+			return nil, errors.New("sinkbatch/sqs: no credentials: set them in the client")
+		}
+		// A client's options never change after it is made: the same
+		// client sends alike. Options() copies them with the client's own
+		// default HTTP client, retryer and resolver in, which could only
+		// be compared by address anyway.
+		c.client = cfg.Client
+		id.field("client", cfg.Client)
+	} else {
+		a := cfg.AWS
+		if a.Region == "" {
+			return nil, errors.New("sinkbatch/sqs: no region: set it in the aws.Config or the client")
+		}
+		if a.Credentials == nil {
+			return nil, errors.New("sinkbatch/sqs: no credentials: set them in the aws.Config or the client")
+		}
+		c.client = awssqs.NewFromConfig(a)
+		c.keep = a
+		// Read the aws.Config, not the client's options: the SDK gives each
+		// client its own default HTTP client and retryer, and two codecs
+		// made from one aws.Config should share a batcher. Every field
+		// counts, so that one a later SDK adds is not overlooked, except
+		// the logger, which shapes no request, and ConfigSources, whose
+		// effect on an SQS client (FIPS, dual-stack, a service-specific
+		// endpoint) is read from the client below.
+		rv := reflect.ValueOf(a)
+		for i := range rv.NumField() {
+			switch f := rv.Type().Field(i).Name; f {
+			case "Credentials":
+				id.credentials(a.Credentials)
+			case "Logger", "ConfigSources":
+			default:
+				id.field(f, rv.Field(i).Interface())
+			}
+		}
+		o := c.client.Options()
+		id.field("resolved-endpoint", aws.ToString(o.BaseEndpoint))
+		id.field("resolved-endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
+			!o.EndpointOptions.DisableHTTPS, o.EndpointOptions.UseDualStackEndpoint, o.EndpointOptions.UseFIPSEndpoint))
+	}
+	if cfg.ReadQueueAttributes {
+		n, err := c.readMaxMessageSize()
+		if err != nil {
+			return nil, err
+		}
+		if n < c.maxMessage {
+			c.maxMessage, c.maxMessageFrom = n, "the queue's MaximumMessageSize"
+		}
+	}
+	id.field("max-message-bytes", c.maxMessage)
+	c.identity = id.digest()
 	return c, nil
 }
 
-func checkTuning(t codec.Tuning) error {
-	switch {
-	case t.MaxEntries < 0 || t.MaxEntries > MaxEntries:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.MaxEntries %d is outside [0, %d]", t.MaxEntries, MaxEntries)
-	case t.MaxBytes < 0 || t.MaxBytes > MaxBytes:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.MaxBytes %d is outside [0, %d]", t.MaxBytes, MaxBytes)
-	case t.Linger < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.Linger %v is negative", t.Linger)
-	case t.RetryAfterMax < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.RetryAfterMax %v is negative", t.RetryAfterMax)
-	case t.IdleTimeout < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning.IdleTimeout %v is negative", t.IdleTimeout)
-	case t.MaxInflight < 0 || t.QueueMax < 0 || t.QueueMaxBytes < 0 || t.TenantMax < 0:
-		return fmt.Errorf("sinkbatch/sqs: Tuning %+v has a negative bound", t)
-	}
-	return nil
-}
-
-// transport is what, besides the queue, shapes a request.
-type transport struct {
-	region, endpoint string
-	credentials      aws.CredentialsProvider
-	resolver         any
-	httpClient       any
-	retryer          any
-	retryMaxAttempts int
-	retryMode        aws.RetryMode
-	appID            string
-	endpointOptions  awssqs.EndpointResolverOptions
-	apiOptions       []string // middleware that may change the request
-}
-
-// apiOptions names each of a client's extra middleware functions.
-func apiOptions[F any](fns []F) []string {
-	names := make([]string, len(fns))
-	for i, f := range fns {
-		names[i] = valueIdentity(f)
-	}
-	return names
-}
-
-// digest is the codec's Identity: a SHA-256 over everything that shapes a
-// request. Static credentials enter it as their values, so the secret is
-// only ever digested; other credential providers, the HTTP client and the
-// retryer enter as their type and address, since their settings cannot be
-// read back: pass the same values to share a batcher.
-func (c *Codec) digest(o transport) []byte {
-	h := sha256.New()
-	field := func(k string, v any) { fmt.Fprintf(h, "%s=%q\n", k, fmt.Sprint(v)) }
-	field("kind", "sqs")
-	field("queue", c.queueURL)
-	field("content-based-deduplication", c.cbd)
-	field("idempotency-attribute", c.idemAttr)
-	field("region", o.region)
-	field("endpoint", o.endpoint)
-	field("endpoint-resolver", valueIdentity(o.resolver))
-	field("http-client", valueIdentity(o.httpClient))
-	field("retryer", valueIdentity(o.retryer))
-	field("retry-max-attempts", o.retryMaxAttempts)
-	field("retry-mode", o.retryMode)
-	field("app-id", o.appID)
-	field("endpoint-options", fmt.Sprintf("https=%t dualstack=%v fips=%v",
-		!o.endpointOptions.DisableHTTPS, o.endpointOptions.UseDualStackEndpoint, o.endpointOptions.UseFIPSEndpoint))
-	field("api-options", strings.Join(o.apiOptions, ","))
-	field("tuning", fmt.Sprintf("%+v", c.tuning))
-	if aws.IsCredentialsProvider(o.credentials, credentials.StaticCredentialsProvider{}) {
-		// A static provider answers at once, from memory.
-		v, err := o.credentials.Retrieve(context.Background())
-		if err == nil {
-			s := sha256.Sum256([]byte(v.AccessKeyID + "\x00" + v.SecretAccessKey + "\x00" + v.SessionToken))
-			field("credentials", fmt.Sprintf("static:%x", s))
-		} else {
-			field("credentials", "static-error:"+err.Error())
+// readMaxMessageSize asks SQS for the queue's MaximumMessageSize.
+func (c *Codec) readMaxMessageSize() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), QueueAttributesTimeout)
+	defer cancel()
+	const attr = types.QueueAttributeNameMaximumMessageSize
+	out, err := c.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(c.queueURL),
+		AttributeNames: []types.QueueAttributeName{attr},
+	}, func(o *awssqs.Options) {
+		if o.HTTPClient != nil {
+			o.HTTPClient = readOnlyBodies{o.HTTPClient}
 		}
-	} else {
-		field("credentials", valueIdentity(o.credentials))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: reading %s of %s (Config.ReadQueueAttributes): %w", attr, c.queueName, err)
 	}
-	return h.Sum(nil)
+	v, ok := out.Attributes[string(attr)]
+	if !ok {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: the queue %s did not report its %s (Config.ReadQueueAttributes)", c.queueName, attr)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < minMessageSize || n > MaxBytes {
+		return 0, fmt.Errorf("sinkbatch/sqs: New: the queue %s reported %s %q, not a size in [%d, %d]", c.queueName, attr, v, minMessageSize, MaxBytes)
+	}
+	return n, nil
 }
 
-// valueIdentity names v by its type and, for reference kinds, its address;
-// other values by a digest of their contents.
-func valueIdentity(v any) string {
-	if v == nil {
-		return "default"
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Chan, reflect.UnsafePointer, reflect.Slice:
-		return fmt.Sprintf("%T@%#x", v, rv.Pointer())
-	}
-	return fmt.Sprintf("%T:%x", v, sha256.Sum256([]byte(fmt.Sprintf("%#v", v))))
-}
+// MaxMessageBytes is the most one message may weigh on this codec: the
+// smallest of SQS's MaxBytes, Config.MaxMessageBytes and, with
+// Config.ReadQueueAttributes, the queue's MaximumMessageSize.
+func (c *Codec) MaxMessageBytes() int { return c.maxMessage }
 
 // Name is "sqs".
 func (c *Codec) Name() string { return "sqs" }
 
-// Identity is a SHA-256 digest over the queue URL, region, endpoint,
-// credentials, transport, retry settings, the codec's options and its
-// tuning.
+// Identity is a SHA-256 digest over the queue URL, the aws.Config (or the
+// client), the codec's options and its tuning. Codec values whose
+// configuration holds a func (a credentials or retryer func, APIOptions,
+// ServiceOptions, an endpoint resolver func) get an identity of their own:
+// the codec cannot tell two funcs apart. See the package doc.
 func (c *Codec) Identity() []byte { return c.identity }
 
+// limits are SQS's request limits.
+var limits = codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes}
+
 // Limits are SQS's: MaxEntries messages and MaxBytes bytes per request.
-func (c *Codec) Limits() codec.Limits {
-	return codec.Limits{MaxEntries: MaxEntries, MaxBytes: MaxBytes}
-}
+func (c *Codec) Limits() codec.Limits { return limits }
 
 // Tuning is Config.Tuning as given.
 func (c *Codec) Tuning() codec.Tuning { return c.tuning }
@@ -277,9 +318,10 @@ func (c *Codec) QueueURL() string { return c.queueURL }
 func (c *Codec) FIFO() bool { return c.fifo }
 
 // Size is m's weight as SQS counts it: its body plus each attribute's name,
-// data type ("String") and value, the idempotency attribute included.
+// data type ("String") and value, the idempotency attribute and the trace
+// context the codec carries included (see Config.TracePropagation).
 func (c *Codec) Size(m codec.Message) int {
-	n := len(m.Body)
+	n := len(m.Body) + c.carried(m).size(m)
 	for k, v := range m.Attributes {
 		n += len(k) + len(stringType) + len(v)
 	}

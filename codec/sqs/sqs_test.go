@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -53,13 +55,16 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"no queue name", func(c *sqs.Config) { c.QueueURL = "https://host/" }, "not a queue URL"},
 		{"bad queue name", func(c *sqs.Config) { c.QueueURL = "https://host/1/my queue" }, "not a queue URL"},
 		{"unparsable", func(c *sqs.Config) { c.QueueURL = "https://host/%zz" }, "QueueURL"},
-		{"MaxEntries over 10", func(c *sqs.Config) { c.Tuning.MaxEntries = 11 }, "MaxEntries 11"},
+		{"MaxEntries over 10", func(c *sqs.Config) { c.Tuning.MaxEntries = 11 }, "sinkbatch/sqs: New: sinkbatch: Tuning.MaxEntries 11 is above the destination's limit 10"},
 		{"MaxEntries negative", func(c *sqs.Config) { c.Tuning.MaxEntries = -1 }, "MaxEntries -1"},
 		{"MaxBytes over 1 MiB", func(c *sqs.Config) { c.Tuning.MaxBytes = sqs.MaxBytes + 1 }, "MaxBytes 1048577"},
 		{"negative Linger", func(c *sqs.Config) { c.Tuning.Linger = -time.Millisecond }, "Linger"},
 		{"negative RetryAfterMax", func(c *sqs.Config) { c.Tuning.RetryAfterMax = -time.Second }, "RetryAfterMax"},
 		{"negative IdleTimeout", func(c *sqs.Config) { c.Tuning.IdleTimeout = -time.Second }, "IdleTimeout"},
-		{"negative QueueMax", func(c *sqs.Config) { c.Tuning.QueueMax = -1 }, "negative bound"},
+		{"negative QueueMax", func(c *sqs.Config) { c.Tuning.QueueMax = -1 }, "Tuning.QueueMax -1 is negative"},
+		{"negative MaxInflight", func(c *sqs.Config) { c.Tuning.MaxInflight = -2 }, "Tuning.MaxInflight -2 is negative"},
+		{"unknown WhenFull", func(c *sqs.Config) { c.Tuning.WhenFull = 7 }, "Tuning.WhenFull"},
+		{"QueueMaxBytes below a request", func(c *sqs.Config) { c.Tuning.QueueMaxBytes = 1000 }, "Tuning.QueueMaxBytes 1000"},
 		{"bad idempotency attribute", func(c *sqs.Config) { c.IdempotencyAttribute = "AWS.key" }, "IdempotencyAttribute"},
 		{"no region", func(c *sqs.Config) { c.AWS.Region = "" }, "no region"},
 		{"no credentials", func(c *sqs.Config) { c.AWS.Credentials = nil }, "no credentials"},
@@ -260,14 +265,32 @@ func TestIdentityCredentialsAndClients(t *testing.T) {
 	otherSecret.AWS.Credentials = aws.NewCredentialsCache(credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "another", ""))
 	assert.NotEqual(t, base.Identity(), mustNew(t, otherSecret).Identity())
 
-	// Other providers cannot be read without a call: they count by
-	// identity.
+	// A func cannot be told apart from another closure of its literal:
+	// every codec built with one gets an identity of its own, even from
+	// the same func value.
 	fn := aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) { return aws.Credentials{}, nil })
 	dyn := baseConfig()
 	dyn.AWS.Credentials = fn
 	dynID := mustNew(t, dyn).Identity()
-	assert.Equal(t, dynID, mustNew(t, dyn).Identity())
+	assert.NotEqual(t, dynID, mustNew(t, dyn).Identity())
 	assert.NotEqual(t, base.Identity(), dynID)
+
+	// A provider behind a pointer is the same provider at the same
+	// address (the codec keeps it alive), another one elsewhere.
+	ptr := baseConfig()
+	ptr.AWS.Credentials = &tenantProvider{key: "AKID1"}
+	assert.Equal(t, mustNew(t, ptr).Identity(), mustNew(t, ptr).Identity())
+	ptr2 := baseConfig()
+	ptr2.AWS.Credentials = &tenantProvider{key: "AKID1"}
+	assert.NotEqual(t, mustNew(t, ptr).Identity(), mustNew(t, ptr2).Identity())
+
+	// A provider held by value is compared by value.
+	val := baseConfig()
+	val.AWS.Credentials = tenantProvider{key: "AKID1"}
+	assert.Equal(t, mustNew(t, val).Identity(), mustNew(t, val).Identity())
+	val2 := baseConfig()
+	val2.AWS.Credentials = tenantProvider{key: "AKID2"}
+	assert.NotEqual(t, mustNew(t, val).Identity(), mustNew(t, val2).Identity())
 
 	// A ready client: the same client, the same identity; another client
 	// (with its own HTTP client and retryer), another identity.
@@ -277,4 +300,104 @@ func TestIdentityCredentialsAndClients(t *testing.T) {
 	assert.Equal(t, a.Identity(), b.Identity())
 	other := mustNew(t, sqs.Config{QueueURL: testQueue, Client: awssqs.NewFromConfig(baseConfig().AWS)})
 	assert.NotEqual(t, a.Identity(), other.Identity())
+}
+
+// tenantProvider is a credentials provider of a type the codec does not
+// know.
+type tenantProvider struct{ key string }
+
+func (p tenantProvider) Retrieve(context.Context) (aws.Credentials, error) {
+	return aws.Credentials{AccessKeyID: p.key, SecretAccessKey: "secret-" + p.key}, nil
+}
+
+// TestIdentityOpaqueParts: each part of an aws.Config the codec cannot
+// compare makes two codecs built from equal configs differ, where equal
+// configs without it share an identity.
+func TestIdentityOpaqueParts(t *testing.T) {
+	base := baseConfig()
+	require.Equal(t, mustNew(t, base).Identity(), mustNew(t, base).Identity())
+	opaque := map[string]func(*aws.Config){
+		"credentials closure": func(a *aws.Config) { a.Credentials = tenantCredentials("AKID1") },
+		"retryer":             func(a *aws.Config) { a.Retryer = func() aws.Retryer { return aws.NopRetryer{} } },
+		"api options": func(a *aws.Config) {
+			a.APIOptions = []func(*middleware.Stack) error{func(*middleware.Stack) error { return nil }}
+		},
+		"service options": func(a *aws.Config) { a.ServiceOptions = []func(string, any){func(string, any) {}} },
+		"deprecated endpoint resolver": func(a *aws.Config) {
+			a.EndpointResolver = aws.EndpointResolverFunc(func(string, string) (aws.Endpoint, error) { return aws.Endpoint{}, nil })
+		},
+		"endpoint resolver with options": func(a *aws.Config) {
+			a.EndpointResolverWithOptions = aws.EndpointResolverWithOptionsFunc(func(string, string, ...any) (aws.Endpoint, error) {
+				return aws.Endpoint{}, nil
+			})
+		},
+		"interceptor": func(a *aws.Config) {
+			a.Interceptors.AddBeforeSigning(beforeSigning(func(context.Context, *smithyhttp.InterceptorContext) error { return nil }))
+		},
+	}
+	for name, edit := range opaque {
+		t.Run(name, func(t *testing.T) {
+			cfg := baseConfig()
+			edit(&cfg.AWS)
+			a, b := mustNew(t, cfg), mustNew(t, cfg)
+			assert.NotEqual(t, a.Identity(), b.Identity())
+			assert.Equal(t, a.Identity(), a.Identity(), "stable per codec value")
+		})
+	}
+	// Data the SDK reads enters by value.
+	for name, edit := range map[string]func(*aws.Config){
+		"app id":               func(a *aws.Config) { a.AppID = "other" },
+		"defaults mode":        func(a *aws.Config) { a.DefaultsMode = aws.DefaultsModeStandard },
+		"compression":          func(a *aws.Config) { a.DisableRequestCompression = true },
+		"clock skew":           func(a *aws.Config) { a.DisableClockSkewCorrection = true },
+		"auth preference":      func(a *aws.Config) { a.AuthSchemePreference = []string{"sigv4a"} },
+		"checksum calculation": func(a *aws.Config) { a.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired },
+	} {
+		cfg := baseConfig()
+		edit(&cfg.AWS)
+		a, b := mustNew(t, cfg), mustNew(t, cfg)
+		assert.Equal(t, a.Identity(), b.Identity(), name)
+		assert.NotEqual(t, mustNew(t, base).Identity(), a.Identity(), name)
+	}
+}
+
+// beforeSigning adapts a func to an interceptor.
+type beforeSigning func(context.Context, *smithyhttp.InterceptorContext) error
+
+func (f beforeSigning) BeforeSigning(ctx context.Context, in *smithyhttp.InterceptorContext) error {
+	return f(ctx, in)
+}
+
+// tenantCredentials is a per-tenant factory: one closure literal, a key per
+// call.
+func tenantCredentials(key string) aws.CredentialsProvider {
+	return aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+		return aws.Credentials{AccessKeyID: key, SecretAccessKey: "secret-" + key, Source: "tenant"}, nil
+	})
+}
+
+// TestIdentityLoadDefaultConfig: codecs built from one config that
+// config.LoadDefaultConfig loaded (static keys from the environment, the
+// SDK's default HTTP client) share an Identity; other keys do not. (A second
+// load makes another HTTP client, and so another Identity.)
+func TestIdentityLoadDefaultConfig(t *testing.T) {
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+	t.Setenv("AWS_REGION", "eu-west-1")
+	load := func() aws.Config {
+		cfg, err := config.LoadDefaultConfig(context.Background())
+		require.NoError(t, err)
+		return cfg
+	}
+	loaded := load()
+	a := mustNew(t, sqs.Config{QueueURL: testQueue, AWS: loaded})
+	b := mustNew(t, sqs.Config{QueueURL: testQueue, AWS: loaded})
+	assert.Equal(t, a.Identity(), b.Identity(), "one loaded config")
+
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDOTHER")
+	other := loaded
+	other.Credentials = load().Credentials
+	assert.NotEqual(t, a.Identity(), mustNew(t, sqs.Config{QueueURL: testQueue, AWS: other}).Identity(), "other keys")
 }

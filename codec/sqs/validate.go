@@ -25,7 +25,7 @@ const (
 
 // Validate reports whether SQS can ever accept m on this queue. It answers
 // nil or a permanent *codec.EntryError that says what is wrong (or, for a
-// message heavier than MaxBytes, an error wrapping codec.ErrTooLarge).
+// message heavier than MaxMessageBytes, an error wrapping codec.ErrTooLarge).
 func (c *Codec) Validate(m codec.Message) error {
 	if len(m.Body) == 0 {
 		return invalid(CodeEmptyBody, "the body is empty; SQS needs at least one character")
@@ -33,12 +33,12 @@ func (c *Codec) Validate(m codec.Message) error {
 	if err := checkBody(m.Body); err != "" {
 		return invalid(CodeInvalidMessageContent, "the body "+err)
 	}
-	n := len(m.Attributes)
+	n := len(m.Attributes) + c.carried(m).count()
 	if m.IdempotencyKey != "" {
 		n++
 	}
 	if n > MaxAttributes {
-		return invalid(CodeTooManyAttributes, fmt.Sprintf("%d message attributes (the idempotency key counts as one); SQS allows %d", n, MaxAttributes))
+		return invalid(CodeTooManyAttributes, fmt.Sprintf("%d message attributes (the idempotency key and the W3C trace context count); SQS allows %d", n, MaxAttributes))
 	}
 	names := make([]string, 0, len(m.Attributes))
 	for k := range m.Attributes {
@@ -79,8 +79,8 @@ func (c *Codec) Validate(m codec.Message) error {
 			}
 		}
 	}
-	if size := c.Size(m); size > MaxBytes {
-		return fmt.Errorf("sinkbatch/sqs: a message of %d bytes (body and attributes) exceeds SQS's %d: %w", size, MaxBytes, codec.ErrTooLarge)
+	if size := c.Size(m); size > c.maxMessage {
+		return fmt.Errorf("sinkbatch/sqs: a message of %d bytes (body and attributes) exceeds %s, %d: %w", size, c.maxMessageFrom, c.maxMessage, codec.ErrTooLarge)
 	}
 	return nil
 }
