@@ -342,8 +342,8 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 	l.at(ctx, p.burst, func() { l.burst(l.dests[destBurst], p.burstSize) })
 	l.at(ctx, p.crash, func() {
 		// Companions first, so that the batcher holds more than the
-		// marked message when it crashes: each of their callers is
-		// answered ErrBatcherDown too, and retries.
+		// marked message when its codec panics: none of them may be
+		// answered for it.
 		events := l.dests[destEvents]
 		for i := range crashCompanions {
 			m := message(events, "c", fmt.Sprint("companion-", i), 0)

@@ -12,9 +12,9 @@
 //	                 several times as much, each with its own message groups
 //	sqs-events       a standard queue with the same tenants; at 60% one
 //	                 marked message, sent right after twenty others, makes
-//	                 its codec's Size panic, once: the batcher crashes, is
-//	                 restarted, and answers everything it held with
-//	                 messages.ErrBatcherDown
+//	                 its codec's Size panic, once: that message alone is
+//	                 answered, permanently, with codec.ErrCodecPanic; the
+//	                 twenty are sent as usual
 //	pubsub-orders    a topic whose messages carry ordering keys
 //	pubsub-audit     a topic without ordering keys, IdleTimeout about 1 s:
 //	                 at 15% one poison message, sent with seven companions so

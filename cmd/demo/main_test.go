@@ -54,7 +54,7 @@ func TestRun(t *testing.T) {
 	assert.Contains(t, out, "\nlost: 0\n")
 	assert.Contains(t, out, "\norder violations: 0\n")
 	assert.Contains(t, out, "poison: refused for good after 1 attempt(s), not stored")
-	assert.Contains(t, out, "the marked message: delivered after 2 attempts")
+	assert.Contains(t, out, "panicked in Size for the marked message: refused for good after 1 attempt(s) (codec.ErrCodecPanic); 0 other answers were ErrBatcherDown")
 	assert.Regexp(t, `burst: \d+ callers at once on sqs-burst: [1-9]\d* refusals`, out)
 	assert.Regexp(t, `idle: pubsub-audit paused \S+; its batcher stopped after \S+ without traffic and started again when it resumed \(batchers 5 -> 4 -> 5\)`, out)
 	assert.Contains(t, out, "stop: every delivery answered")

@@ -201,8 +201,8 @@ func (r *report) printEvents(w io.Writer, checks []check) {
 	if crash == nil {
 		fmt.Fprintln(w, "crash: not reached")
 	} else {
-		fmt.Fprintf(w, "crash: %s's batcher panicked in Size once and was restarted; %d answers were ErrBatcherDown and were retried with their keys; the marked message: %s after %d attempts\n",
-			events.name, events.batcherDown.Load(), describe(crash), crash.attempts)
+		fmt.Fprintf(w, "codec panic: %s's codec panicked in Size for the marked message: %s after %d attempt(s) (codec.ErrCodecPanic); %d other answers were ErrBatcherDown\n",
+			events.name, describe(crash), crash.attempts, events.batcherDown.Load())
 	}
 	fmt.Fprintf(w, "burst: %d callers at once on %s: %d refusals (RetryAfterError), each retried after its retry-after\n",
 		r.plan.burstSize, burst.name, burst.refused.Load())
