@@ -25,6 +25,11 @@
 // request packed to MaxBytes by Size is exactly 10,000,000 bytes and never
 // "10000004 > 10000000".
 //
+// The topic's name must be one Pub/Sub accepts: projects/{project}/topics/{id},
+// the id 3 to 255 ASCII letters, digits or - _ . ~ + %, starting with a
+// letter and not with "goog". New refuses any other name, naming
+// Config.Topic, rather than have every request refused.
+//
 // Per message: data at most 10,000,000 bytes, at most 100 attributes
 // (the idempotency attribute counts), keys non-empty and at most 256 bytes,
 // values at most 1024 bytes, an ordering key of at most 1024 bytes, strings
@@ -63,7 +68,14 @@
 //	Aborted, Internal, Canceled, Unknown and the rest     retryable *codec.EntryError for every message
 //
 // The *codec.EntryError's Code is the gRPC code's name and its Message the
-// server's text. The gRPC error stays in the chain (status.Code works on the
+// server's text.
+//
+// A successful call is an acknowledgement only for the messages it gives an
+// id. A message whose id is missing or empty is answered with a retryable
+// *codec.EntryError of Code CodeMissingResult ("may have been stored": the
+// request reached the server, so retry it with the same idempotency key);
+// when the answer holds too few or too many ids, every message of the
+// request gets it, and it also wraps codec.ErrResultCount. The gRPC error stays in the chain (status.Code works on the
 // answer), and so does ctx.Err() when the caller's context ended the call
 // (errors.Is(err, context.DeadlineExceeded) holds; that failure is
 // retryable).

@@ -23,7 +23,7 @@ import (
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
-const testTopic = "projects/p/topics/t"
+const testTopic = "projects/p/topics/top"
 
 // reactor adapts a function to pstest.Reactor. It runs under the server's
 // lock: it must not call back into the server.

@@ -30,6 +30,12 @@ const (
 	MaxOrderingKeyBytes = 1024
 )
 
+// The length of a topic id, the last segment of a topic's name.
+const (
+	minTopicID = 3
+	maxTopicID = 255
+)
+
 // The PublishRequest and PubsubMessage field tags, each one byte on the wire:
 // (field number << 3) | wire type 2 (length-delimited).
 const (

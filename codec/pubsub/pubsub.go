@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"github.com/googleapis/gax-go/v2"
@@ -39,7 +40,10 @@ const maxParallelPublishes = 16
 // set, or the codec dials its own client from Endpoint, CredentialsJSON,
 // Insecure and ClientOptions.
 type Config struct {
-	// Topic is the topic's full name, projects/P/topics/T. Required.
+	// Topic is the topic's full name, projects/{project}/topics/{topic}.
+	// Required. New refuses a name Pub/Sub would refuse: the topic id must
+	// be 3 to 255 letters, digits or - _ . ~ + %, start with a letter and
+	// not start with "goog".
 	Topic string
 
 	// Endpoint is the service's host:port; "" is pubsub.googleapis.com:443
@@ -100,15 +104,13 @@ var (
 	_ codec.Validator = (*Codec)(nil)
 )
 
-var topicRE = regexp.MustCompile(`^projects/[^/]+/topics/[^/]+$`)
-
 // New checks cfg and returns a codec for its topic, dialling a client unless
 // cfg.Client is set. Dialling is lazy: New does not wait for a connection,
 // and ctx only bounds the dial's set-up. Call Close when no batcher uses the
 // codec any more.
 func New(ctx context.Context, cfg Config) (*Codec, error) {
-	if !topicRE.MatchString(cfg.Topic) {
-		return nil, fmt.Errorf("sinkbatch/pubsub: topic %q is not of the form projects/P/topics/T", cfg.Topic)
+	if err := checkTopic(cfg.Topic); err != nil {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.Topic: %w", err)
 	}
 	idemAttr := cfg.IdempotencyAttribute
 	if idemAttr == "" {
@@ -157,6 +159,34 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		c.client, c.owned = client, true
 	}
 	return c, nil
+}
+
+// checkTopic reports why Pub/Sub would refuse topic as a topic's full name:
+// projects/{project}/topics/{topic id}, the id 3 to 255 characters from
+// [A-Za-z0-9-_.~+%], starting with a letter and not with "goog". A name the
+// service refuses would otherwise have every batch refused and bisected down
+// to single messages.
+func checkTopic(topic string) error {
+	rest, ok := strings.CutPrefix(topic, "projects/")
+	project, id, ok2 := strings.Cut(rest, "/topics/")
+	if !ok || !ok2 || project == "" || strings.Contains(project, "/") || id == "" || strings.Contains(id, "/") {
+		return fmt.Errorf("%q is not of the form projects/{project}/topics/{topic}", topic)
+	}
+	isLetter := func(r byte) bool { return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' }
+	switch {
+	case len(id) < minTopicID || len(id) > maxTopicID:
+		return fmt.Errorf("topic id %.32q is %d characters long; Pub/Sub allows %d to %d", id, len(id), minTopicID, maxTopicID)
+	case !isLetter(id[0]):
+		return fmt.Errorf("topic id %q does not start with a letter", id)
+	case strings.HasPrefix(id, "goog"):
+		return fmt.Errorf("topic id %q starts with \"goog\", which Pub/Sub reserves", id)
+	}
+	for _, r := range id {
+		if r >= utf8.RuneSelf || !isLetter(byte(r)) && !('0' <= r && r <= '9') && !strings.ContainsRune("-_.~+%", r) {
+			return fmt.Errorf("topic id %q holds %q; Pub/Sub allows ASCII letters, digits and - _ . ~ + %%", id, r)
+		}
+	}
+	return nil
 }
 
 func dialOptions(cfg Config) []option.ClientOption {

@@ -18,6 +18,7 @@ import (
 
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
@@ -36,9 +37,16 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		edit func(*pubsub.Config)
 		want string
 	}{
-		{"no topic", func(c *pubsub.Config) { c.Topic = "" }, "is not of the form"},
-		{"short topic", func(c *pubsub.Config) { c.Topic = "topics/t" }, "is not of the form"},
-		{"topic with extra path", func(c *pubsub.Config) { c.Topic = "projects/p/topics/t/x" }, "is not of the form"},
+		{"no topic", func(c *pubsub.Config) { c.Topic = "" }, "Config.Topic: \"\" is not of the form"},
+		{"no project", func(c *pubsub.Config) { c.Topic = "topics/top" }, "Config.Topic: \"topics/top\" is not of the form"},
+		{"empty project", func(c *pubsub.Config) { c.Topic = "projects//topics/top" }, "is not of the form"},
+		{"topic with extra path", func(c *pubsub.Config) { c.Topic = "projects/p/topics/top/x" }, "is not of the form"},
+		{"topic id too short", func(c *pubsub.Config) { c.Topic = "projects/p/topics/tt" }, `Config.Topic: topic id "tt" is 2 characters long; Pub/Sub allows 3 to 255`},
+		{"topic id too long", func(c *pubsub.Config) { c.Topic = "projects/p/topics/" + strings.Repeat("t", 256) }, "is 256 characters long; Pub/Sub allows 3 to 255"},
+		{"topic id starts with a digit", func(c *pubsub.Config) { c.Topic = "projects/p/topics/1top" }, `Config.Topic: topic id "1top" does not start with a letter`},
+		{"topic id starts with goog", func(c *pubsub.Config) { c.Topic = "projects/p/topics/google" }, `starts with "goog"`},
+		{"topic id holds a space", func(c *pubsub.Config) { c.Topic = "projects/p/topics/to p" }, `topic id "to p" holds ' '`},
+		{"topic id holds a non-ASCII letter", func(c *pubsub.Config) { c.Topic = "projects/p/topics/topé" }, `topic id "topé" holds 'é'; Pub/Sub allows ASCII letters`},
 		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Client excludes"},
 		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Insecure excludes"},
 		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "negative"},
@@ -60,12 +68,21 @@ func TestNewRefusesBadConfig(t *testing.T) {
 
 	t.Run("tightest tuning accepted", func(t *testing.T) {
 		cfg := ok
-		cfg.Tuning = codec.Tuning{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21}
+		cfg.Tuning = codec.Tuning{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 23}
 		c, err := pubsub.New(context.Background(), cfg)
 		require.NoError(t, err)
 		require.NoError(t, c.Close())
-		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21, OneGroupPerRequest: true}, c.Limits(),
-			"limits less the topic field: tag, length, 19 bytes")
+		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 23, OneGroupPerRequest: true}, c.Limits(),
+			"limits less the topic field: tag, length, 21 bytes")
+	})
+	t.Run("topic ids at the limits accepted", func(t *testing.T) {
+		for _, id := range []string{"abc", "A" + strings.Repeat("z", 254), "t-_.~+%09Zz", "gooH"} {
+			cfg := ok
+			cfg.Topic = "projects/my-project/topics/" + id
+			c, err := pubsub.New(context.Background(), cfg)
+			require.NoError(t, err, id)
+			require.NoError(t, c.Close())
+		}
 	})
 }
 
@@ -104,7 +121,7 @@ func TestIdentity(t *testing.T) {
 	assert.False(t, bytes.Contains(creds1.Identity(), secret[40:80]), "identity holds a digest, not the credentials")
 
 	differs := map[string]pubsub.Config{
-		"topic":       {Topic: "projects/p/topics/u", Endpoint: "127.0.0.1:1", Insecure: true},
+		"topic":       {Topic: "projects/p/topics/other", Endpoint: "127.0.0.1:1", Insecure: true},
 		"endpoint":    {Endpoint: "127.0.0.1:2", Insecure: true},
 		"secure":      {Endpoint: "127.0.0.1:1", CredentialsJSON: secret},
 		"idempotency": {Endpoint: "127.0.0.1:1", Insecure: true, IdempotencyAttribute: "dedup"},
@@ -694,5 +711,94 @@ func FuzzSize(f *testing.F) {
 			t.Skip("invalid: the idempotency attribute is taken")
 		}
 		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+c.Size(m))
+	})
+}
+
+// TestAnswerWithoutIDs forges Publish answers that lack message ids, as a
+// faulty server or proxy could send: no message without an id is
+// acknowledged, and every such message gets a retryable answer saying it may
+// have been stored.
+func TestAnswerWithoutIDs(t *testing.T) {
+	forge := func(t *testing.T, ids func(req *pubsubpb.PublishRequest) []string) *pubsub.Codec {
+		srv := newServer(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(
+			func(req *pubsubpb.PublishRequest) (bool, any, error) {
+				if err := refusePoison(0, req); err != nil {
+					return true, nil, err
+				}
+				return true, &pubsubpb.PublishResponse{MessageIds: ids(req)}, nil
+			})})
+		return newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+	}
+	missing := func(t *testing.T, err error) {
+		t.Helper()
+		require.Error(t, err)
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee)
+		assert.Equal(t, pubsub.CodeMissingResult, ee.Code)
+		assert.False(t, codec.IsPermanent(err), "the message may be stored: retry it with its key")
+		assert.Contains(t, err.Error(), "may have been stored")
+		assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+	}
+
+	t.Run("no ids at all", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return nil })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		assert.Nil(t, res)
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+		assert.Contains(t, err.Error(), "0 message ids for 2 messages")
+	})
+	t.Run("fewer ids than messages", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1"} })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		assert.Nil(t, res)
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+	})
+	t.Run("more ids than messages", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1", "m2", "m3"} })
+		_, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+	})
+	t.Run("empty ids", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1", "", "m3", ""} })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2), msg(3), msg(4)})
+		require.NoError(t, err, "answers are per message")
+		require.Len(t, res, 4)
+		assert.Equal(t, "m1", res[0].ID)
+		assert.NoError(t, res[0].Err)
+		assert.Equal(t, "m3", res[2].ID)
+		assert.NoError(t, res[2].Err)
+		for _, i := range []int{1, 3} {
+			assert.Empty(t, res[i].ID)
+			missing(t, res[i].Err)
+			assert.NotErrorIs(t, res[i].Err, codec.ErrResultCount, "the count was right")
+		}
+	})
+	t.Run("an empty id stops its key's later requests", func(t *testing.T) {
+		c := forge(t, func(req *pubsubpb.PublishRequest) []string {
+			ids := make([]string, len(req.Messages))
+			for i, m := range req.Messages {
+				if string(m.Data) != "a1" {
+					ids[i] = "id-" + string(m.Data)
+				}
+			}
+			return ids
+		})
+		// Mixed keys: one request per key; the poison makes key a's request
+		// bisect into [a1] and [poison a2], sent only after [a1].
+		batch := []codec.Message{
+			{Group: "a", Body: []byte("a1")}, {Group: "b", Body: []byte("b1")},
+			{Group: "a", Body: []byte("poison")}, {Group: "a", Body: []byte("a2")},
+		}
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		missing(t, res[0].Err)
+		assert.Equal(t, "id-b1", res[1].ID)
+		for _, i := range []int{2, 3} {
+			require.Error(t, res[i].Err, "a later message of key a would overtake a1")
+			assert.False(t, codec.IsPermanent(res[i].Err))
+		}
 	})
 }

@@ -14,6 +14,13 @@ import (
 	"github.com/ankusa/sinkbatch/codec"
 )
 
+// CodeMissingResult is the Code of the retryable *codec.EntryError a message
+// gets when Pub/Sub's answer gives it no message id: too few ids for the
+// request's messages (the error then also wraps codec.ErrResultCount), or an
+// empty one. The request reached the server, so the message may have been
+// stored; retry it with the same idempotency key.
+const CodeMissingResult = "MissingResult"
+
 // SendBatch publishes batch and returns one Result per message, in order,
 // each with the message id Pub/Sub assigned.
 //
@@ -107,6 +114,13 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 func (c *Codec) publishBisecting(ctx context.Context, batch []codec.Message, idx []int, results []codec.Result) bool {
 	err := c.publish(ctx, batch, idx, results)
 	if err == nil {
+		// A message answered without an id may not be stored: the key's
+		// later messages would overtake it.
+		for _, i := range idx {
+			if results[i].Err != nil {
+				return batch[idx[0]].Group == ""
+			}
+		}
 		return true
 	}
 	if !errors.Is(err, codec.ErrRefused) || len(idx) == 1 {
@@ -141,14 +155,25 @@ func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, r
 	if err != nil {
 		return c.classify(ctx, err)
 	}
-	if len(resp.MessageIds) != len(idx) {
-		return &publishError{topic: c.topic, entry: &codec.EntryError{
-			Code:    "MessageIdCount",
-			Message: fmt.Sprintf("Pub/Sub answered %d message ids for %d messages", len(resp.MessageIds), len(idx)),
+	// An answer without an id for a message is no acknowledgement: the
+	// request reached the server, so the message may have been stored, and
+	// a retry with the same idempotency key is the safe answer.
+	if len(resp.GetMessageIds()) != len(idx) {
+		return &publishError{topic: c.topic, cause: codec.ErrResultCount, entry: &codec.EntryError{
+			Code: CodeMissingResult,
+			Message: fmt.Sprintf("Pub/Sub answered %d message ids for %d messages; the messages may have been stored",
+				len(resp.GetMessageIds()), len(idx)),
 		}}
 	}
 	for j, i := range idx {
-		results[i].ID = resp.MessageIds[j]
+		if id := resp.MessageIds[j]; id != "" {
+			results[i].ID = id
+			continue
+		}
+		results[i].Err = &publishError{topic: c.topic, entry: &codec.EntryError{
+			Code:    CodeMissingResult,
+			Message: "Pub/Sub answered success without a message id; the message may have been stored",
+		}}
 	}
 	return nil
 }
