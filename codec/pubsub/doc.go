@@ -61,14 +61,24 @@
 //
 // A Publish call is all-or-nothing. Its failure is classified by gRPC code:
 //
-//	InvalidArgument                                       the request is refused for its content: wraps codec.ErrRefused
+//	InvalidArgument; ResourceExhausted "... larger than max"  the request is refused for its content: wraps codec.ErrRefused
 //	NotFound, PermissionDenied, Unauthenticated,
-//	FailedPrecondition, Unimplemented                     permanent *codec.EntryError for every message
-//	Unavailable, DeadlineExceeded, ResourceExhausted,
-//	Aborted, Internal, Canceled, Unknown and the rest     retryable *codec.EntryError for every message
+//	FailedPrecondition, Unimplemented                        permanent *codec.EntryError for every message
+//	ResourceExhausted (any other)                            retryable and throttled (codec.IsThrottled) for every message
+//	Unavailable, DeadlineExceeded, Aborted, Internal,
+//	Canceled, Unknown and the rest                           retryable *codec.EntryError for every message
 //
 // The *codec.EntryError's Code is the gRPC code's name and its Message the
 // server's text.
+//
+// ResourceExhausted has two sources. The service sends it for an exhausted
+// quota or publisher flow control: that asks the caller to slow down, so the
+// answer reports codec.IsThrottled and an adaptive destination lowers its
+// in-flight limit. gRPC sends it for a message over a receive or send size
+// limit ("grpc: received message larger than max (N vs. M)"), which an
+// emulator or pstest sets at 4 MiB, below Pub/Sub's 10 MB: that request was
+// never processed and a smaller one passes, so it is a refusal the batcher
+// bisects, and a message too large on its own is answered permanently.
 //
 // A successful call is an acknowledgement only for the messages it gives an
 // id. A message whose id is missing or empty is answered with a retryable

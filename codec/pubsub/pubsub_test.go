@@ -486,7 +486,50 @@ func TestErrorClassification(t *testing.T) {
 		_, err := c.SendBatch(context.Background(), []codec.Message{{Body: make([]byte, 5<<20)}})
 		require.Error(t, err)
 		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-		assert.False(t, codec.IsPermanent(err))
+		assert.ErrorIs(t, err, codec.ErrRefused, "too large for this server: the batcher bisects")
+		assert.False(t, codec.IsThrottled(err), "a size limit is no request to slow down")
+		assert.Contains(t, err.Error(), "larger than max")
+	})
+}
+
+// TestResourceExhaustedIsThrottling injects the service's ResourceExhausted
+// (a quota or flow-control refusal): every message gets a retryable answer
+// that codec.IsThrottled reports, through the codec and through the batcher.
+func TestResourceExhaustedIsThrottling(t *testing.T) {
+	srv := pstest.NewServer(pstest.WithErrorInjection("Publish", codes.ResourceExhausted, "Publish quota exceeded"))
+	t.Cleanup(func() { _ = srv.Close() })
+	c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+
+	res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+	assert.Nil(t, res)
+	require.Error(t, err)
+	assert.True(t, codec.IsThrottled(err))
+	assert.ErrorIs(t, err, codec.ErrThrottled)
+	assert.False(t, codec.IsPermanent(err))
+	assert.NotErrorIs(t, err, codec.ErrRefused)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	var ee *codec.EntryError
+	require.ErrorAs(t, err, &ee)
+	assert.True(t, ee.Throttled)
+	assert.Contains(t, err.Error(), "Publish quota exceeded")
+
+	inst := startInstance(t)
+	for _, o := range deliverAll(t, inst, c, []codec.Message{msg(3), msg(4), msg(5)}) {
+		require.Error(t, o.err)
+		assert.True(t, codec.IsThrottled(o.err), "the caller sees the throttling: %v", o.err)
+		assert.False(t, codec.IsPermanent(o.err))
+	}
+	assert.Empty(t, srv.Messages())
+
+	t.Run("no other code is throttling", func(t *testing.T) {
+		for _, code := range []codes.Code{codes.Unavailable, codes.Internal, codes.Aborted, codes.DeadlineExceeded, codes.NotFound} {
+			srv := pstest.NewServer(pstest.WithErrorInjection("Publish", code, "injected"))
+			t.Cleanup(func() { _ = srv.Close() })
+			c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+			_, err := c.SendBatch(context.Background(), []codec.Message{msg(1)})
+			require.Error(t, err, code)
+			assert.False(t, codec.IsThrottled(err), code)
+		}
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -229,14 +230,29 @@ func (c *Codec) classify(ctx context.Context, err error) error {
 		return pe
 	}
 	st, _ := status.FromError(err)
-	if st.Code() == codes.InvalidArgument {
+	if st.Code() == codes.InvalidArgument || isSizeLimit(st) {
 		return fmt.Errorf("sinkbatch/pubsub: publish to %s refused: %w (%w)", c.topic, codec.ErrRefused, err)
 	}
 	return &publishError{topic: c.topic, rpc: err, entry: &codec.EntryError{
 		Code:      st.Code().String(),
 		Message:   st.Message(),
 		Permanent: permanentCodes[st.Code()],
+		// The service's quota or flow control: slow down, then retry.
+		Throttled: st.Code() == codes.ResourceExhausted,
 	}}
+}
+
+// isSizeLimit reports whether st is gRPC's own message-size limit ("grpc:
+// received message larger than max (N vs. M)" from a server with a receive
+// limit below Pub/Sub's 10 MB, such as an emulator's 4 MiB; "trying to send
+// message larger than max" from a client option) rather than the service
+// asking to slow down. Both come as ResourceExhausted. The request was not
+// processed and a smaller one passes, so it is a refusal for content: the
+// batcher bisects, and a message too large on its own is answered
+// permanently. A response over the client's receive limit would read alike,
+// but the client's limit is far above any PublishResponse.
+func isSizeLimit(st *status.Status) bool {
+	return st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
 }
 
 // publishError is a failed Publish call: the classified *codec.EntryError,
