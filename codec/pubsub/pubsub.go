@@ -79,7 +79,8 @@ type Config struct {
 	// in; "" is DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
 
-	// Tuning is the batch tuning; it may only tighten Codec.Limits.
+	// Tuning is the batch tuning; it may only tighten Codec.Limits. New
+	// refuses a Tuning that codec.Tuning.Check refuses, naming the field.
 	Tuning codec.Tuning
 }
 
@@ -105,7 +106,8 @@ var (
 )
 
 // New checks cfg and returns a codec for its topic, dialling a client unless
-// cfg.Client is set. Dialling is lazy: New does not wait for a connection,
+// cfg.Client is set. A bad cfg is refused with an error that starts
+// "sinkbatch/pubsub: New: " and names the field (Config.Topic, Tuning.MaxBytes). Dialling is lazy: New does not wait for a connection,
 // and ctx only bounds the dial's set-up. Call Close when no batcher uses the
 // codec any more.
 func New(ctx context.Context, cfg Config) (*Codec, error) {
@@ -117,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		idemAttr = DefaultIdempotencyAttribute
 	}
 	if err := checkAttribute(idemAttr, ""); err != nil {
-		return nil, fmt.Errorf("sinkbatch/pubsub: IdempotencyAttribute %q: %w", idemAttr, err)
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.IdempotencyAttribute %.32q: %w", idemAttr, err)
 	}
 	limits := codec.Limits{
 		MaxEntries: MaxRequestMessages,
@@ -125,15 +127,15 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		// Every message of one Publish must carry the same ordering key.
 		OneGroupPerRequest: true,
 	}
-	if err := checkTuning(cfg.Tuning, limits); err != nil {
-		return nil, err
+	if err := cfg.Tuning.Check(limits); err != nil {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: %w", err)
 	}
 	dialling := cfg.Endpoint != "" || cfg.CredentialsJSON != nil || cfg.Insecure || len(cfg.ClientOptions) > 0
 	if cfg.Client != nil && dialling {
-		return nil, errors.New("sinkbatch/pubsub: Client excludes Endpoint, CredentialsJSON, Insecure and ClientOptions")
+		return nil, errors.New("sinkbatch/pubsub: New: Config.Client excludes Endpoint, CredentialsJSON, Insecure and ClientOptions")
 	}
 	if cfg.Insecure && cfg.CredentialsJSON != nil {
-		return nil, errors.New("sinkbatch/pubsub: Insecure excludes CredentialsJSON")
+		return nil, errors.New("sinkbatch/pubsub: New: Config.Insecure excludes CredentialsJSON")
 	}
 
 	c := &Codec{
@@ -154,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 	if c.client == nil {
 		client, err := apiv1.NewTopicAdminClient(ctx, dialOptions(cfg)...)
 		if err != nil {
-			return nil, fmt.Errorf("sinkbatch/pubsub: dial: %w", err)
+			return nil, fmt.Errorf("sinkbatch/pubsub: New: dial: %w", err)
 		}
 		c.client, c.owned = client, true
 	}
@@ -209,20 +211,6 @@ func dialOptions(cfg Config) []option.ClientOption {
 	return append(opts, cfg.ClientOptions...)
 }
 
-func checkTuning(t codec.Tuning, l codec.Limits) error {
-	if t.MaxEntries < 0 || t.MaxBytes < 0 || t.Linger < 0 || t.MaxInflight < 0 || t.QueueMax < 0 ||
-		t.QueueMaxBytes < 0 || t.TenantMax < 0 || t.RetryAfterMax < 0 || t.IdleTimeout < 0 {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning has a negative field: %+v", t)
-	}
-	if t.MaxEntries > l.MaxEntries {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxEntries %d exceeds Pub/Sub's %d", t.MaxEntries, l.MaxEntries)
-	}
-	if t.MaxBytes > l.MaxBytes {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxBytes %d exceeds %d (Pub/Sub's %d less the topic field)", t.MaxBytes, l.MaxBytes, MaxRequestBytes)
-	}
-	return nil
-}
-
 // identityOf encodes every Config field that shapes a request, each
 // length-prefixed so that no two configs encode alike.
 func identityOf(cfg Config, idemAttr string) ([]byte, error) {
@@ -232,6 +220,12 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		b = append(b, p...)
 	}
 	num := func(v int64) { b = binary.AppendVarint(b, v) }
+	flag := func(v bool) int64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
 
 	field([]byte("sinkbatch/pubsub/1"))
 	field([]byte(cfg.Topic))
@@ -250,15 +244,12 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		field(nil)
 	}
 	field([]byte(cfg.CredentialsType))
-	if cfg.Insecure {
-		num(1)
-	} else {
-		num(0)
-	}
+	num(flag(cfg.Insecure))
 	field([]byte(idemAttr))
 	t := cfg.Tuning
 	for _, v := range []int64{int64(t.MaxEntries), int64(t.MaxBytes), int64(t.Linger), int64(t.MaxInflight),
-		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout)} {
+		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout),
+		int64(t.WhenFull), flag(t.StrictGroups), int64(t.GroupPauseMax), flag(t.Adaptive)} {
 		num(v)
 	}
 	opaque := cfg.Client != nil || len(cfg.ClientOptions) > 0
@@ -270,7 +261,7 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		// Options the codec cannot see: share with nobody.
 		nonce := make([]byte, 16)
 		if _, err := rand.Read(nonce); err != nil {
-			return nil, fmt.Errorf("sinkbatch/pubsub: identity nonce: %w", err)
+			return nil, fmt.Errorf("sinkbatch/pubsub: New: identity nonce: %w", err)
 		}
 		field([]byte("unique"))
 		field(nonce)

@@ -47,12 +47,15 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"topic id starts with goog", func(c *pubsub.Config) { c.Topic = "projects/p/topics/google" }, `starts with "goog"`},
 		{"topic id holds a space", func(c *pubsub.Config) { c.Topic = "projects/p/topics/to p" }, `topic id "to p" holds ' '`},
 		{"topic id holds a non-ASCII letter", func(c *pubsub.Config) { c.Topic = "projects/p/topics/topé" }, `topic id "topé" holds 'é'; Pub/Sub allows ASCII letters`},
-		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Client excludes"},
-		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Insecure excludes"},
-		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "negative"},
-		{"too many entries", func(c *pubsub.Config) { c.Tuning.MaxEntries = 1001 }, "MaxEntries 1001"},
-		{"too many bytes", func(c *pubsub.Config) { c.Tuning.MaxBytes = pubsub.MaxRequestBytes }, "MaxBytes 10000000"},
-		{"long idempotency attribute", func(c *pubsub.Config) { c.IdempotencyAttribute = strings.Repeat("k", 257) }, "IdempotencyAttribute"},
+		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Config.Client excludes"},
+		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Config.Insecure excludes"},
+		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "Tuning.Linger -1ms is negative"},
+		{"negative pause", func(c *pubsub.Config) { c.Tuning.GroupPauseMax = -time.Second }, "Tuning.GroupPauseMax -1s is negative"},
+		{"too many entries", func(c *pubsub.Config) { c.Tuning.MaxEntries = 1001 }, "Tuning.MaxEntries 1001 is above the destination's limit 1000"},
+		{"too many bytes", func(c *pubsub.Config) { c.Tuning.MaxBytes = pubsub.MaxRequestBytes }, "Tuning.MaxBytes 10000000 is above the destination's limit 9999977"},
+		{"queue below a request", func(c *pubsub.Config) { c.Tuning.QueueMaxBytes = 1000 }, "Tuning.QueueMaxBytes 1000 is below the destination's request limit"},
+		{"unknown policy", func(c *pubsub.Config) { c.Tuning.WhenFull = 7 }, "Tuning.WhenFull FullPolicy(7) is not Refuse or Block"},
+		{"long idempotency attribute", func(c *pubsub.Config) { c.IdempotencyAttribute = strings.Repeat("k", 257) }, "Config.IdempotencyAttribute"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,7 +65,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 			require.Error(t, err)
 			assert.Nil(t, c)
 			assert.Contains(t, err.Error(), tt.want)
-			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: New: "), err.Error())
+			assert.NotContains(t, err.Error(), "Linger:", "names the field, not the whole struct")
 		})
 	}
 
@@ -126,6 +130,10 @@ func TestIdentity(t *testing.T) {
 		"secure":      {Endpoint: "127.0.0.1:1", CredentialsJSON: secret},
 		"idempotency": {Endpoint: "127.0.0.1:1", Insecure: true, IdempotencyAttribute: "dedup"},
 		"tuning":      {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{IdleTimeout: time.Second}},
+		"when full":   {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{WhenFull: codec.Block}},
+		"strict":      {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{StrictGroups: true}},
+		"pause":       {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{GroupPauseMax: time.Second}},
+		"adaptive":    {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{Adaptive: true}},
 		"extra":       {Endpoint: "127.0.0.1:1", Insecure: true, IdentityExtra: []byte("x")},
 	}
 	for name, cfg := range differs {
