@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
 // Benchmark parameters shared by sinkbatch and the baseline.
@@ -152,4 +154,133 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	b.ReportMetric(sCPUPer, "sinkbatch-cpu-µs/msg")
 	b.ReportMetric(gCPUPer, "google-cpu-µs/msg")
 	b.ReportMetric(sCPUPer/gCPUPer, "cpu-ratio")
+}
+
+// jsonBody returns a JSON event of exactly n bytes (n ≥ 300) of the kind
+// services publish: ids, timestamps, names and a list of line items, drawn
+// from r so that no two bodies are alike.
+func jsonBody(r *mrand.Rand, n int) []byte {
+	words := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"event_id":"%08x-%04x-%04x-%04x-%012x","type":"order.created","ts":"2026-12-01T%02d:%02d:%02d.%03dZ",`,
+		r.Uint32(), r.Uint32()&0xffff, r.Uint32()&0xffff, r.Uint32()&0xffff, r.Uint64()&0xffffffffffff,
+		r.IntN(24), r.IntN(60), r.IntN(60), r.IntN(1000))
+	fmt.Fprintf(&b, `"customer":{"id":"c-%d","email":"%s.%s@example.com","tier":"%s"},"items":[`,
+		r.IntN(1e6), words[r.IntN(10)], words[r.IntN(10)], []string{"free", "pro", "enterprise"}[r.IntN(3)])
+	for i := 0; b.Len() < n-120; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"sku":"SKU-%05d","name":"%s %s","qty":%d,"price":%d.%02d}`,
+			r.IntN(1e5), words[r.IntN(10)], words[r.IntN(10)], 1+r.IntN(9), r.IntN(500), r.IntN(100))
+	}
+	b.WriteString(`],"note":"`)
+	for b.Len() < n-2 {
+		b.WriteString(words[r.IntN(10)][:1])
+	}
+	b.WriteString(`"}`)
+	return b.Bytes()[:n:n]
+}
+
+// BenchmarkCompression publishes requests of 1 KiB JSON bodies through two
+// codecs on one server, in one run: CompressionBytesThreshold 0 (off) and 1
+// (every request gzip-compressed). Each iteration publishes one message
+// through each; 4 goroutines each send whole requests. It reports, for
+// both, bytes on the wire per message (compressed payload and gRPC framing,
+// as the server received them), CPU time per message (user+sys of the whole
+// process: the in-process server's decompression is included) and msgs/s,
+// and the gzip/off ratios.
+func BenchmarkCompression(b *testing.B) {
+	for _, perRequest := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("messages=%d", perRequest), func(b *testing.B) { benchCompression(b, perRequest) })
+	}
+}
+
+func benchCompression(b *testing.B, perRequest int) {
+	const (
+		bodyBytes = 1024
+		senders   = 4
+		bodies    = 4096 // distinct bodies, reused round-robin
+	)
+	srv := newServer(b)
+	addr, wire := newWireServer(b, srv)
+	newC := func(threshold int) *pubsub.Codec {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: threshold})
+		require.NoError(b, err)
+		b.Cleanup(func() { require.NoError(b, c.Close()) })
+		return c
+	}
+	plain, gz := newC(0), newC(1)
+	r := mrand.New(mrand.NewPCG(1, 2))
+	msgs := make([]codec.Message, bodies)
+	for i := range msgs {
+		msgs[i] = codec.Message{Body: jsonBody(r, bodyBytes)}
+	}
+
+	// run publishes n messages through c in requests of perRequest and
+	// returns the wall time, CPU time and bytes on the wire they took.
+	run := func(c *pubsub.Codec, n int) (wall, cpu time.Duration, onWire int) {
+		var (
+			next atomic.Int64
+			wg   sync.WaitGroup
+		)
+		requests := (n + perRequest - 1) / perRequest
+		cpu0, t0 := usage(b), time.Now()
+		for range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				batch := make([]codec.Message, 0, perRequest)
+				for {
+					k := int(next.Add(1)) - 1
+					if k >= requests {
+						return
+					}
+					batch = batch[:0]
+					for j := k * perRequest; j < min(n, (k+1)*perRequest); j++ {
+						batch = append(batch, msgs[j%bodies])
+					}
+					res, err := c.SendBatch(context.Background(), batch)
+					for i := 0; err == nil && i < len(res); i++ {
+						err = res[i].Err
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		wall, cpu = time.Since(t0), usage(b)-cpu0
+		for _, call := range wire.take() {
+			onWire += call.wire
+		}
+		srv.ClearMessages()
+		return wall, cpu, onWire
+	}
+
+	var pWall, pCPU, gWall, gCPU time.Duration
+	var pWire, gWire int
+	add := func(wall, cpu *time.Duration, bytes *int) func(time.Duration, time.Duration, int) {
+		return func(w, c time.Duration, n int) { *wall += w; *cpu += c; *bytes += n }
+	}
+	first, second := b.N/2, b.N-b.N/2
+	b.ReportAllocs()
+	b.ResetTimer()
+	add(&pWall, &pCPU, &pWire)(run(plain, first))
+	add(&gWall, &gCPU, &gWire)(run(gz, first))
+	add(&gWall, &gCPU, &gWire)(run(gz, second))
+	add(&pWall, &pCPU, &pWire)(run(plain, second))
+	b.StopTimer()
+
+	n := float64(b.N)
+	b.ReportMetric(float64(pWire)/n, "off-wire-B/msg")
+	b.ReportMetric(float64(gWire)/n, "gzip-wire-B/msg")
+	b.ReportMetric(float64(gWire)/float64(pWire), "wire-ratio")
+	b.ReportMetric(float64(pCPU.Microseconds())/n, "off-cpu-µs/msg")
+	b.ReportMetric(float64(gCPU.Microseconds())/n, "gzip-cpu-µs/msg")
+	b.ReportMetric(float64(gCPU)/float64(pCPU), "cpu-ratio")
+	b.ReportMetric(n/pWall.Seconds(), "off-msgs/s")
+	b.ReportMetric(n/gWall.Seconds(), "gzip-msgs/s")
 }

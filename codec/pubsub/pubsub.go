@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding/gzip"
 
 	"github.com/ankusa/sinkbatch/codec"
 )
@@ -79,6 +81,16 @@ type Config struct {
 	// in; "" is DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
 
+	// CompressionBytesThreshold turns on gzip compression: a Publish
+	// request whose serialized size is above it goes gzip-compressed, as
+	// with the Google client's PublishSettings.EnableCompression and
+	// CompressionBytesThreshold (which defaults to 240 when enabled). 0, the
+	// default, never compresses; a negative value is refused. Compression
+	// trades CPU at both ends for bytes on the wire: it pays for bodies that
+	// compress well (JSON, text) on a link that costs. Pub/Sub's request
+	// limits count the request before compression.
+	CompressionBytesThreshold int
+
 	// Tuning is the batch tuning; it may only tighten Codec.Limits. New
 	// refuses a Tuning that codec.Tuning.Check refuses, naming the field.
 	Tuning codec.Tuning
@@ -95,6 +107,10 @@ type Codec struct {
 	tuning   codec.Tuning
 	identity []byte
 	callOpts []gax.CallOption
+	// compressAbove is Config.CompressionBytesThreshold; 0 is off.
+	compressAbove int
+	// gzipOpts are callOpts with the gzip compressor.
+	gzipOpts []gax.CallOption
 
 	closeOnce sync.Once
 	closeErr  error
@@ -137,6 +153,9 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 	if cfg.Insecure && cfg.CredentialsJSON != nil {
 		return nil, errors.New("sinkbatch/pubsub: New: Config.Insecure excludes CredentialsJSON")
 	}
+	if cfg.CompressionBytesThreshold < 0 {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.CompressionBytesThreshold %d is negative", cfg.CompressionBytesThreshold)
+	}
 
 	c := &Codec{
 		client:   cfg.Client,
@@ -146,8 +165,10 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		tuning:   cfg.Tuning,
 		// No retries at this layer: see "Retries" in the package doc. The
 		// timeout applies only when ctx has no deadline of its own.
-		callOpts: []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
+		callOpts:      []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
+		compressAbove: cfg.CompressionBytesThreshold,
 	}
+	c.gzipOpts = append(slices.Clip(c.callOpts), gax.WithGRPCOptions(grpc.UseCompressor(gzip.Name)))
 	identity, err := identityOf(cfg, idemAttr)
 	if err != nil {
 		return nil, err
@@ -246,6 +267,7 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 	field([]byte(cfg.CredentialsType))
 	num(flag(cfg.Insecure))
 	field([]byte(idemAttr))
+	num(int64(cfg.CompressionBytesThreshold))
 	t := cfg.Tuning
 	for _, v := range []int64{int64(t.MaxEntries), int64(t.MaxBytes), int64(t.Linger), int64(t.MaxInflight),
 		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout),
@@ -275,9 +297,10 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 func (c *Codec) Name() string { return "pubsub" }
 
 // Identity returns the codec's identity: topic, endpoint, a digest of the
-// credentials, Insecure, the idempotency attribute, the tuning and
-// IdentityExtra (or a per-codec nonce; see Config.IdentityExtra). It holds no
-// raw credentials. The caller must not modify it.
+// credentials, Insecure, the idempotency attribute, the compression
+// threshold, the tuning and IdentityExtra (or a per-codec nonce; see
+// Config.IdentityExtra). It holds no raw credentials. The caller must not
+// modify it.
 func (c *Codec) Identity() []byte { return c.identity }
 
 // Limits returns 1000 messages and MaxRequestBytes less the encoded topic

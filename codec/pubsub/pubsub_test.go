@@ -853,3 +853,77 @@ func TestAnswerWithoutIDs(t *testing.T) {
 		}
 	})
 }
+
+func TestCompression(t *testing.T) {
+	srv := newServer(t)
+	addr, wire := newWireServer(t, srv)
+	const threshold = 1000
+	newC := func(threshold int) *pubsub.Codec {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: threshold})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		return c
+	}
+	c := newC(threshold)
+	topicField := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+	// sized returns a message whose request alone is n bytes.
+	sized := func(n int) codec.Message {
+		for d := n; d > 0; d-- {
+			m := codec.Message{Body: bytes.Repeat([]byte(`{"k":"v"},`), d)[:d], Attributes: map[string]string{"a": "b"}}
+			if topicField+c.Size(m) == n {
+				return m
+			}
+		}
+		t.Fatalf("no body gives a request of %d bytes", n)
+		return codec.Message{}
+	}
+	send := func(c *pubsub.Codec, batch []codec.Message) wireCall {
+		t.Helper()
+		srv.ClearMessages()
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		for i, m := range got {
+			require.NoError(t, res[i].Err)
+			assert.Equal(t, res[i].ID, m.ID)
+			assert.Equal(t, batch[i].Body, m.Data, "the server holds the message intact")
+			assert.Equal(t, batch[i].Attributes, m.Attributes)
+		}
+		calls := wire.take()
+		require.Len(t, calls, 1)
+		return calls[0]
+	}
+
+	at := send(c, []codec.Message{sized(threshold)})
+	assert.Equal(t, threshold, at.length)
+	assert.NotEqual(t, "gzip", at.compression, "a request of exactly the threshold is not compressed")
+	assert.Greater(t, at.wire, at.length, "uncompressed: payload and framing")
+
+	over := send(c, []codec.Message{sized(threshold + 1)})
+	assert.Equal(t, threshold+1, over.length)
+	assert.Equal(t, "gzip", over.compression, "one byte over is compressed")
+	assert.Less(t, over.wire, over.length/4, "repetitive JSON shrinks")
+
+	batch := make([]codec.Message, 100)
+	for i := range batch {
+		batch[i] = codec.Message{Body: []byte(fmt.Sprintf(`{"order":%d,"status":"paid","items":[1,2,3]}`, i)), Attributes: map[string]string{"n": fmt.Sprint(i)}}
+	}
+	big := send(c, batch)
+	assert.Equal(t, "gzip", big.compression)
+	assert.Less(t, big.wire, big.length)
+
+	off := send(newC(0), batch)
+	assert.NotEqual(t, "gzip", off.compression, "0 never compresses")
+	assert.Equal(t, big.length, off.length)
+
+	t.Run("a negative threshold is refused", func(t *testing.T) {
+		_, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: -1})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "sinkbatch/pubsub: New: Config.CompressionBytesThreshold -1 is negative")
+	})
+	t.Run("identity", func(t *testing.T) {
+		assert.NotEqual(t, newC(0).Identity(), c.Identity(), "compression shapes the request")
+		assert.Equal(t, newC(threshold).Identity(), c.Identity())
+	})
+}

@@ -152,7 +152,11 @@ func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, r
 		msgs[j] = &protos[j]
 		c.fillProto(msgs[j], batch[i])
 	}
-	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, c.callOpts...)
+	opts := c.callOpts
+	if c.compressAbove > 0 && c.requestSize(batch, idx) > c.compressAbove {
+		opts = c.gzipOpts
+	}
+	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, opts...)
 	if err != nil {
 		return c.classify(ctx, err)
 	}
@@ -177,6 +181,16 @@ func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, r
 		}}
 	}
 	return nil
+}
+
+// requestSize is the serialized size of the PublishRequest for
+// batch[idx...].
+func (c *Codec) requestSize(batch []codec.Message, idx []int) int {
+	n := topicOverhead(c.topic)
+	for _, i := range idx {
+		n += c.Size(batch[i])
+	}
+	return n
 }
 
 // fillProto maps m onto the empty PubsubMessage p. It shares m's Body and,
