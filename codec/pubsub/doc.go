@@ -10,10 +10,25 @@
 //	Attributes       ->  attributes
 //	IdempotencyKey   ->  attributes[Config.IdempotencyAttribute] ("idempotency-key")
 //	Group            ->  ordering_key
+//	Trace.Parent     ->  attributes["googclient_traceparent"] (TraceParentAttribute)
+//	Trace.State      ->  attributes["googclient_tracestate"] (TraceStateAttribute)
 //	Tenant           ->  (not sent; the batcher's fairness unit)
 //
 // The message ids of a PublishResponse map back to the batch by position.
 // Subscribers that deduplicate read the idempotency attribute.
+//
+// # Trace propagation
+//
+// A message whose Trace.Parent is set (the batcher sets it to the message's
+// create span when the instance traces) carries its W3C trace context in the
+// attributes Google's client library uses, "googclient_" followed by the
+// header's name, so Google's subscriber, or any consumer that extracts with
+// pubsub.NewMessageCarrierFromPB, continues the trace. tracestate travels
+// only with a traceparent, and only when non-empty. The carried context
+// replaces any attribute of those two names the message has (a forwarded
+// message's stale context). It counts in Size and in the attribute limits:
+// with it a message may hold fewer attributes of its own. Set
+// Config.DisableTracePropagation to carry nothing.
 //
 // # Limits
 //
@@ -31,7 +46,7 @@
 // Config.Topic, rather than have every request refused.
 //
 // Per message: data at most 10,000,000 bytes, at most 100 attributes
-// (the idempotency attribute counts), keys non-empty and at most 256 bytes,
+// (the idempotency and trace attributes count), keys non-empty and at most 256 bytes,
 // values at most 1024 bytes, an ordering key of at most 1024 bytes, strings
 // valid UTF-8 (protobuf cannot encode anything else), and non-empty data or at
 // least one attribute of the user's (the idempotency attribute alone does not

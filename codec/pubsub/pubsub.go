@@ -34,6 +34,15 @@ const (
 	DefaultTimeout = 60 * time.Second
 )
 
+// The attributes Message.Trace travels in: the W3C traceparent and
+// tracestate headers under the prefix "googclient_", as Google's client
+// library injects them and its subscriber (and its NewMessageCarrierFromPB)
+// extracts them.
+const (
+	TraceParentAttribute = "googclient_traceparent"
+	TraceStateAttribute  = "googclient_tracestate"
+)
+
 // maxParallelPublishes bounds the Publish calls one SendBatch makes at once
 // when its batch holds several ordering keys (see the package doc).
 const maxParallelPublishes = 16
@@ -81,6 +90,13 @@ type Config struct {
 	// in; "" is DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
 
+	// DisableTracePropagation leaves Message.Trace out of the message. By
+	// default a message whose Trace.Parent is set carries it in
+	// TraceParentAttribute, and its Trace.State (when set) in
+	// TraceStateAttribute, replacing any attribute of those names the
+	// message has: a subscriber then continues the publisher's trace.
+	DisableTracePropagation bool
+
 	// CompressionBytesThreshold turns on gzip compression: a Publish
 	// request whose serialized size is above it goes gzip-compressed, as
 	// with the Google client's PublishSettings.EnableCompression and
@@ -107,6 +123,8 @@ type Codec struct {
 	tuning   codec.Tuning
 	identity []byte
 	callOpts []gax.CallOption
+	// propagate is !Config.DisableTracePropagation.
+	propagate bool
 	// compressAbove is Config.CompressionBytesThreshold; 0 is off.
 	compressAbove int
 	// gzipOpts are callOpts with the gzip compressor.
@@ -136,6 +154,9 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 	}
 	if err := checkAttribute(idemAttr, ""); err != nil {
 		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.IdempotencyAttribute %.32q: %w", idemAttr, err)
+	}
+	if idemAttr == TraceParentAttribute || idemAttr == TraceStateAttribute {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.IdempotencyAttribute %q is where the trace context travels", idemAttr)
 	}
 	limits := codec.Limits{
 		MaxEntries: MaxRequestMessages,
@@ -167,6 +188,7 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		// timeout applies only when ctx has no deadline of its own.
 		callOpts:      []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
 		compressAbove: cfg.CompressionBytesThreshold,
+		propagate:     !cfg.DisableTracePropagation,
 	}
 	c.gzipOpts = append(slices.Clip(c.callOpts), gax.WithGRPCOptions(grpc.UseCompressor(gzip.Name)))
 	identity, err := identityOf(cfg, idemAttr)
@@ -268,6 +290,7 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 	num(flag(cfg.Insecure))
 	field([]byte(idemAttr))
 	num(int64(cfg.CompressionBytesThreshold))
+	num(flag(cfg.DisableTracePropagation))
 	t := cfg.Tuning
 	for _, v := range []int64{int64(t.MaxEntries), int64(t.MaxBytes), int64(t.Linger), int64(t.MaxInflight),
 		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout),

@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	gpubsub "cloud.google.com/go/pubsub/v2"
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -252,11 +254,31 @@ func randomMessage(r *rand.Rand) codec.Message {
 	if r.IntN(8) == 0 {
 		m.Attributes = map[string]string{"k": ""} // an empty value is still written
 	}
+	if r.IntN(2) == 0 {
+		m.Trace.Parent = "00-" + strings.Repeat("a", 32) + "-" + strings.Repeat("b", 16) + "-01"
+		if r.IntN(4) == 0 {
+			m.Trace.Parent = str(1 + r.IntN(1024))
+		}
+		if r.IntN(2) == 0 {
+			m.Trace.State = str(min(pick(), 1024))
+		}
+	}
+	if r.IntN(4) == 0 {
+		// The user's own trace attributes, which a carried context replaces.
+		if m.Attributes == nil {
+			m.Attributes = map[string]string{}
+		}
+		m.Attributes[pubsub.TraceParentAttribute] = str(min(pick(), 1024))
+		if r.IntN(2) == 0 {
+			m.Attributes[pubsub.TraceStateAttribute] = str(min(pick(), 1024))
+		}
+	}
 	return m
 }
 
-// toProto mirrors the codec's documented mapping.
-func toProto(m codec.Message, idemAttr string) *pubsubpb.PubsubMessage {
+// toProto mirrors the codec's documented mapping; propagate is
+// !Config.DisableTracePropagation.
+func toProto(m codec.Message, idemAttr string, propagate bool) *pubsubpb.PubsubMessage {
 	attrs := map[string]string{}
 	for k, v := range m.Attributes {
 		attrs[k] = v
@@ -264,23 +286,34 @@ func toProto(m codec.Message, idemAttr string) *pubsubpb.PubsubMessage {
 	if m.IdempotencyKey != "" {
 		attrs[idemAttr] = m.IdempotencyKey
 	}
+	if propagate && m.Trace.Parent != "" {
+		delete(attrs, pubsub.TraceStateAttribute)
+		attrs[pubsub.TraceParentAttribute] = m.Trace.Parent
+		if m.Trace.State != "" {
+			attrs[pubsub.TraceStateAttribute] = m.Trace.State
+		}
+	}
 	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
 }
 
 func TestSizeIsTheEncodedSize(t *testing.T) {
-	c := newCodec(t, "127.0.0.1:1", testTopic, codec.Tuning{})
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 300 {
-		batch := make([]codec.Message, 1+r.IntN(5))
-		req := &pubsubpb.PublishRequest{Topic: testTopic}
-		sum := 0
-		for i := range batch {
-			batch[i] = randomMessage(r)
-			sum += c.Size(batch[i])
-			req.Messages = append(req.Messages, toProto(batch[i], pubsub.DefaultIdempotencyAttribute))
+	for _, propagate := range []bool{true, false} {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true, DisableTracePropagation: !propagate})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		r := rand.New(rand.NewPCG(1, 2))
+		for range 300 {
+			batch := make([]codec.Message, 1+r.IntN(5))
+			req := &pubsubpb.PublishRequest{Topic: testTopic}
+			sum := 0
+			for i := range batch {
+				batch[i] = randomMessage(r)
+				sum += c.Size(batch[i])
+				req.Messages = append(req.Messages, toProto(batch[i], pubsub.DefaultIdempotencyAttribute, propagate))
+			}
+			require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+sum,
+				"request size = topic field + Σ Size (propagate %v)", propagate)
 		}
-		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+sum,
-			"request size = topic field + Σ Size")
 	}
 }
 
@@ -748,16 +781,27 @@ func TestReadyClient(t *testing.T) {
 }
 
 func FuzzSize(f *testing.F) {
-	f.Add([]byte("body"), "group", "idem", "key", "value")
-	f.Add([]byte{}, "", "", "", "")
-	f.Add(bytes.Repeat([]byte{1}, 300), strings.Repeat("g", 200), "", strings.Repeat("k", 127), strings.Repeat("v", 128))
-	c := newCodec(f, "127.0.0.1:1", testTopic, codec.Tuning{})
-	f.Fuzz(func(t *testing.T, body []byte, group, idem, key, value string) {
-		m := codec.Message{Body: body, Group: group, IdempotencyKey: idem}
+	parent := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	f.Add([]byte("body"), "group", "idem", "key", "value", "", "", false)
+	f.Add([]byte{}, "", "", "", "", "", "", false)
+	f.Add(bytes.Repeat([]byte{1}, 300), strings.Repeat("g", 200), "", strings.Repeat("k", 127), strings.Repeat("v", 128), parent, "", false)
+	f.Add([]byte("b"), "", "", pubsub.TraceParentAttribute, "stale", parent, "vendor=x", false)
+	f.Add([]byte("b"), "", "", pubsub.TraceStateAttribute, "stale", parent, "", false)
+	f.Add([]byte("b"), "", "i", pubsub.TraceStateAttribute, "stale", parent, strings.Repeat("s", 120), true)
+	on := newCodec(f, "127.0.0.1:1", testTopic, codec.Tuning{})
+	off, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true, DisableTracePropagation: true})
+	require.NoError(f, err)
+	f.Cleanup(func() { require.NoError(f, off.Close()) })
+	f.Fuzz(func(t *testing.T, body []byte, group, idem, key, value, parent, state string, disable bool) {
+		c := on
+		if disable {
+			c = off
+		}
+		m := codec.Message{Body: body, Group: group, IdempotencyKey: idem, Trace: codec.TraceContext{Parent: parent, State: state}}
 		if key != "" || value != "" {
 			m.Attributes = map[string]string{key: value}
 		}
-		req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{toProto(m, pubsub.DefaultIdempotencyAttribute)}}
+		req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{toProto(m, pubsub.DefaultIdempotencyAttribute, !disable)}}
 		if _, taken := m.Attributes[pubsub.DefaultIdempotencyAttribute]; taken && idem != "" {
 			t.Skip("invalid: the idempotency attribute is taken")
 		}
@@ -925,5 +969,149 @@ func TestCompression(t *testing.T) {
 	t.Run("identity", func(t *testing.T) {
 		assert.NotEqual(t, newC(0).Identity(), c.Identity(), "compression shapes the request")
 		assert.Equal(t, newC(threshold).Identity(), c.Identity())
+	})
+}
+
+// TestTracePropagation publishes messages with a trace context to pstest and
+// reads it back from the stored attributes, with the carrier Google's client
+// library extracts it with.
+func TestTracePropagation(t *testing.T) {
+	const (
+		parent1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		parent2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+		state1  = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+	)
+	rec := &recorder{}
+	srv := newServer(t, rec.option())
+	stale := map[string]string{pubsub.TraceParentAttribute: "00-stale", pubsub.TraceStateAttribute: "stale=1", "colour": "blue"}
+	batch := []codec.Message{
+		{Body: []byte("with state"), Trace: codec.TraceContext{Parent: parent1, State: state1}},
+		{Body: []byte("forwarded"), Attributes: stale, Trace: codec.TraceContext{Parent: parent2}},
+		{Body: []byte("untraced"), Attributes: map[string]string{"colour": "red"}},
+		{Body: []byte("keyed"), IdempotencyKey: "k-1", Trace: codec.TraceContext{Parent: parent2, State: state1}},
+		{Body: []byte("state without parent"), Trace: codec.TraceContext{State: state1}},
+	}
+
+	t.Run("carried as Google's client carries it", func(t *testing.T) {
+		srv.ClearMessages()
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.NoError(t, r.Err)
+		}
+		assert.Equal(t, map[string]string{pubsub.TraceParentAttribute: "00-stale", pubsub.TraceStateAttribute: "stale=1", "colour": "blue"}, stale,
+			"the caller's map is not modified")
+
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		want := []map[string]string{
+			{"googclient_traceparent": parent1, "googclient_tracestate": state1},
+			{"googclient_traceparent": parent2, "colour": "blue"}, // the stale tracestate does not travel with a new parent
+			{"colour": "red"},
+			{"googclient_traceparent": parent2, "googclient_tracestate": state1, pubsub.DefaultIdempotencyAttribute: "k-1"},
+			nil,
+		}
+		for i, m := range got {
+			assert.Equal(t, want[i], m.Attributes, "message %d", i)
+
+			// What Google's subscriber does with a received message.
+			ctx := propagation.TraceContext{}.Extract(context.Background(),
+				gpubsub.NewMessageCarrierFromPB(&pubsubpb.PubsubMessage{Attributes: m.Attributes}))
+			back := propagation.MapCarrier{}
+			propagation.TraceContext{}.Inject(ctx, back)
+			if batch[i].Trace.Parent == "" {
+				assert.Empty(t, back, "message %d carries no trace", i)
+				continue
+			}
+			assert.Equal(t, batch[i].Trace.Parent, back.Get("traceparent"), "message %d: the subscriber continues the trace", i)
+			assert.Equal(t, batch[i].Trace.State, back.Get("tracestate"), "message %d", i)
+		}
+
+		reqs := rec.requests()
+		sum := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+		for _, m := range batch {
+			sum += c.Size(m)
+		}
+		assert.Equal(t, proto.Size(reqs[len(reqs)-1]), sum, "Size counts what is carried")
+	})
+
+	t.Run("DisableTracePropagation", func(t *testing.T) {
+		srv.ClearMessages()
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, DisableTracePropagation: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, c.Close()) }()
+		_, err = c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		assert.Nil(t, got[0].Attributes)
+		assert.Equal(t, stale, got[1].Attributes, "the user's attributes as given")
+		assert.Equal(t, map[string]string{pubsub.DefaultIdempotencyAttribute: "k-1"}, got[3].Attributes)
+		reqs := rec.requests()
+		sum := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+		for _, m := range batch {
+			sum += c.Size(m)
+		}
+		assert.Equal(t, proto.Size(reqs[len(reqs)-1]), sum)
+		assert.NotEqual(t, newCodec(t, srv.Addr, testTopic, codec.Tuning{}).Identity(), c.Identity())
+	})
+
+	t.Run("counts in the attribute limits", func(t *testing.T) {
+		on := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		off, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, DisableTracePropagation: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, off.Close()) }()
+		attrs := func(n int, extra ...string) map[string]string {
+			m := map[string]string{}
+			for i := range n {
+				m[fmt.Sprint("a", i)] = "v"
+			}
+			for _, k := range extra {
+				m[k] = "old"
+			}
+			return m
+		}
+		tests := []struct {
+			name string
+			m    codec.Message
+			code string // from the codec that propagates; "" is valid
+		}{
+			{"98 and both trace attributes", codec.Message{Body: []byte("b"), Attributes: attrs(98), Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""},
+			{"99 and both trace attributes", codec.Message{Body: []byte("b"), Attributes: attrs(99), Trace: codec.TraceContext{Parent: parent1, State: state1}}, "TooManyAttributes"},
+			{"99 and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(99), Trace: codec.TraceContext{Parent: parent1}}, ""},
+			{"replaced, not added", codec.Message{Body: []byte("b"), Attributes: attrs(98, pubsub.TraceParentAttribute, pubsub.TraceStateAttribute), Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""},
+			{"99, a key and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(98), IdempotencyKey: "k", Trace: codec.TraceContext{Parent: parent1, State: state1}}, "TooManyAttributes"},
+			{"long tracestate", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: parent1, State: strings.Repeat("s", 1025)}}, "AttributeValueTooLong"},
+			{"bad UTF-8 traceparent", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: "\xff"}}, "InvalidUTF8"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				assert.NoError(t, off.Validate(tt.m), "without propagation nothing is added")
+				err := on.Validate(tt.m)
+				if tt.code == "" {
+					require.NoError(t, err)
+					res, err := on.SendBatch(context.Background(), []codec.Message{tt.m})
+					require.NoError(t, err)
+					require.NoError(t, res[0].Err, "Pub/Sub takes it")
+					return
+				}
+				var ee *codec.EntryError
+				require.ErrorAs(t, err, &ee)
+				assert.Equal(t, tt.code, ee.Code)
+				assert.True(t, ee.Permanent)
+				if tt.code == "AttributeValueTooLong" {
+					assert.Contains(t, err.Error(), pubsub.TraceStateAttribute)
+				}
+			})
+		}
+	})
+
+	t.Run("the idempotency attribute cannot be a trace attribute", func(t *testing.T) {
+		for _, attr := range []string{pubsub.TraceParentAttribute, pubsub.TraceStateAttribute} {
+			_, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, IdempotencyAttribute: attr})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "sinkbatch/pubsub: New: Config.IdempotencyAttribute")
+		}
 	})
 }

@@ -194,15 +194,29 @@ func (c *Codec) requestSize(batch []codec.Message, idx []int) int {
 }
 
 // fillProto maps m onto the empty PubsubMessage p. It shares m's Body and,
-// without an idempotency key, its Attributes: the request only reads them.
+// without an idempotency key or a trace context to add, its Attributes: the
+// request only reads them. Size counts exactly what this writes.
 func (c *Codec) fillProto(p *pubsubpb.PubsubMessage, m codec.Message) {
 	attrs := m.Attributes
-	if m.IdempotencyKey != "" {
-		attrs = make(map[string]string, len(m.Attributes)+1)
+	carry := c.carriesTrace(m)
+	if m.IdempotencyKey != "" || carry {
+		attrs = make(map[string]string, len(m.Attributes)+3)
 		for k, v := range m.Attributes {
 			attrs[k] = v
 		}
-		attrs[c.idemAttr] = m.IdempotencyKey
+		if m.IdempotencyKey != "" {
+			attrs[c.idemAttr] = m.IdempotencyKey
+		}
+		if carry {
+			// The message's trace context replaces any the user's
+			// attributes carry, tracestate included: a stale tracestate
+			// must not travel with a new traceparent.
+			delete(attrs, TraceStateAttribute)
+			attrs[TraceParentAttribute] = m.Trace.Parent
+			if m.Trace.State != "" {
+				attrs[TraceStateAttribute] = m.Trace.State
+			}
+		}
 	}
 	p.Data, p.Attributes, p.OrderingKey = m.Body, attrs, m.Group
 }
