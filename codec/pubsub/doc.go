@@ -129,11 +129,11 @@
 //
 // Identity covers the topic, the endpoint, a SHA-256 digest of
 // CredentialsJSON (the credentials themselves are never kept in it, nor
-// logged), Insecure, the idempotency attribute, the compression threshold
-// and the Tuning. ClientOptions and a ready Client are opaque: describe them
-// in Config.IdentityExtra, or the codec gets an identity of its own and
-// shares batches with no other codec value. Either way two codecs with
-// different credentials never share a request.
+// logged), Insecure, the idempotency attribute, trace propagation, the
+// compression threshold and the Tuning. ClientOptions and a ready Client are
+// opaque: describe them in Config.IdentityExtra, or the codec gets an
+// identity of its own and shares batches with no other codec value. Either
+// way two codecs with different credentials never share a request.
 //
 // # Concurrency and lifecycle
 //

@@ -141,7 +141,8 @@ var (
 
 // New checks cfg and returns a codec for its topic, dialling a client unless
 // cfg.Client is set. A bad cfg is refused with an error that starts
-// "sinkbatch/pubsub: New: " and names the field (Config.Topic, Tuning.MaxBytes). Dialling is lazy: New does not wait for a connection,
+// "sinkbatch/pubsub: New: " and names the field (Config.Topic,
+// Tuning.MaxBytes). Dialling is lazy: New does not wait for a connection,
 // and ctx only bounds the dial's set-up. Call Close when no batcher uses the
 // codec any more.
 func New(ctx context.Context, cfg Config) (*Codec, error) {
@@ -320,9 +321,9 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 func (c *Codec) Name() string { return "pubsub" }
 
 // Identity returns the codec's identity: topic, endpoint, a digest of the
-// credentials, Insecure, the idempotency attribute, the compression
-// threshold, the tuning and IdentityExtra (or a per-codec nonce; see
-// Config.IdentityExtra). It holds no raw credentials. The caller must not
+// credentials, Insecure, the idempotency attribute, trace propagation, the
+// compression threshold, the tuning and IdentityExtra (or a per-codec nonce;
+// see Config.IdentityExtra). It holds no raw credentials. The caller must not
 // modify it.
 func (c *Codec) Identity() []byte { return c.identity }
 

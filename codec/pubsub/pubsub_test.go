@@ -552,7 +552,7 @@ func TestResourceExhaustedIsThrottling(t *testing.T) {
 	var ee *codec.EntryError
 	require.ErrorAs(t, err, &ee)
 	assert.True(t, ee.Throttled)
-	assert.Contains(t, err.Error(), "Publish quota exceeded")
+	assert.Contains(t, err.Error(), "ResourceExhausted (retryable, throttled): Publish quota exceeded")
 
 	inst := startInstance(t)
 	for _, o := range deliverAll(t, inst, c, []codec.Message{msg(3), msg(4), msg(5)}) {

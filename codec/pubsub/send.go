@@ -16,9 +16,9 @@ import (
 )
 
 // CodeMissingResult is the Code of the retryable *codec.EntryError a message
-// gets when Pub/Sub's answer gives it no message id: too few ids for the
-// request's messages (the error then also wraps codec.ErrResultCount), or an
-// empty one. The request reached the server, so the message may have been
+// gets when Pub/Sub's answer gives it no message id: an answer with more or
+// fewer ids than the request's messages (the error then also wraps
+// codec.ErrResultCount), or an empty id. The request reached the server, so the message may have been
 // stored; retry it with the same idempotency key.
 const CodeMissingResult = "MissingResult"
 
@@ -294,8 +294,11 @@ type publishError struct {
 
 func (e *publishError) Error() string {
 	kind := "retryable"
-	if e.entry.Permanent {
+	switch {
+	case e.entry.Permanent:
 		kind = "permanent"
+	case e.entry.Throttled:
+		kind = "retryable, throttled"
 	}
 	return fmt.Sprintf("sinkbatch/pubsub: publish to %s: %s (%s): %s", e.topic, e.entry.Code, kind, e.entry.Message)
 }
