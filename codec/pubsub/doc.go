@@ -23,7 +23,8 @@
 // create span when the instance traces) carries its W3C trace context in the
 // attributes Google's client library uses, "googclient_" followed by the
 // header's name, so Google's subscriber, or any consumer that extracts with
-// pubsub.NewMessageCarrierFromPB, continues the trace. tracestate travels
+// NewMessageCarrierFromPB of cloud.google.com/go/pubsub/v2, continues the
+// trace. tracestate travels
 // only with a traceparent, and only when non-empty. The carried context
 // replaces any attribute of those two names the message has (a forwarded
 // message's stale context). It counts in Size and in the attribute limits:
@@ -68,9 +69,9 @@
 // one), so a batch is one request. SendBatch still accepts a mixed batch, as
 // any caller may send one: it publishes it as one request per key, keys in
 // parallel (at most 16 at a time), each key's messages in order; if a
-// request of a key fails for a reason other than a refusal, the key's later
-// requests of that batch are not sent (they would overtake it) and their
-// messages get a retryable error.
+// request of a key fails for a reason other than a refusal, or a message of
+// it gets no id, the key's later requests of that batch are not sent (they
+// would overtake it) and their messages get a retryable error.
 //
 // # Errors
 //
