@@ -148,8 +148,10 @@ func (w *wireStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	case *stats.InHeader:
 		call.compression = s.Compression
 	case *stats.InPayload:
+		// Recorded here, not at End: the server decodes the request (and
+		// reports it) before its handler answers, so the call is recorded
+		// before the client has its answer.
 		call.length, call.wire = s.Length, s.WireLength
-	case *stats.End:
 		w.mu.Lock()
 		w.calls = append(w.calls, *call)
 		w.mu.Unlock()
