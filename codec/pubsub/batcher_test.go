@@ -213,6 +213,25 @@ func TestThroughBatcherFailures(t *testing.T) {
 		assert.Len(t, srv.Messages(), n-len(failed))
 	})
 
+	t.Run("a request over the server's 4 MiB receive limit is bisected", func(t *testing.T) {
+		srv := newServer(t)
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{Linger: 200 * time.Millisecond})
+		inst := startInstance(t)
+		msgs := make([]codec.Message, 3)
+		for i := range msgs {
+			msgs[i] = codec.Message{Body: append(make([]byte, 2<<20), byte(i))}
+		}
+		msgs = append(msgs, codec.Message{Body: make([]byte, 5<<20)})
+		out := deliverAll(t, inst, c, msgs)
+		for _, o := range out[:3] {
+			assert.NoError(t, o.err)
+		}
+		require.Error(t, out[3].err, "too large for this server on its own")
+		assert.True(t, codec.IsPermanent(out[3].err))
+		assert.Equal(t, codes.ResourceExhausted, status.Code(out[3].err))
+		assert.Len(t, srv.Messages(), 3)
+	})
+
 	t.Run("NotFound is permanent", func(t *testing.T) {
 		srv := newServer(t)
 		c := newCodec(t, srv.Addr, "projects/p/topics/missing", codec.Tuning{})

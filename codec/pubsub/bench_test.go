@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -11,12 +12,15 @@ import (
 	"time"
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/googleapis/gax-go/v2"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
 // Benchmark parameters shared by sinkbatch and the baseline.
@@ -25,16 +29,21 @@ const (
 	benchKeys     = 16  // ordering keys in the ordered variant; caller c uses key c % benchKeys
 	benchMaxCount = 1000
 	benchDelay    = 5 * time.Millisecond
+	floorSenders  = 8 // goroutines feeding the floor
 )
 
 // BenchmarkPublish compares, in one run on one pstest server, sinkbatch with
 // this codec against the Pub/Sub client's own batching publisher
 // (Publisher.Publish + Get) with the same thresholds (1000 messages, 5ms)
-// and the same number of concurrent callers (256 and 2048), each waiting for its message's
-// id before sending the next. Each iteration publishes one message through
-// each. It reports msgs/s and CPU time (user+sys of the whole process, the
-// in-process server included) per message for both, and their ratios
-// (sinkbatch / google).
+// and the same number of concurrent callers (256 and 2048), each waiting for
+// its message's id before sending the next; and against the floor: the same
+// low-level TopicAdminClient.Publish the codec calls, with the codec's
+// client and call options, fed pre-built 1000-message requests of the same
+// messages from 8 goroutines, with no callers at all. Each iteration
+// publishes one message through each. It reports msgs/s and CPU time
+// (user+sys of the whole process, the in-process server included) per
+// message for all three, and sinkbatch's ratios to google (rate-ratio,
+// cpu-ratio) and to the floor (floor-rate-ratio, floor-cpu-ratio).
 func BenchmarkPublish(b *testing.B) {
 	for _, ordered := range []bool{false, true} {
 		for _, callers := range []int{256, 2048} {
@@ -128,28 +137,231 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 			return inst.Deliver(ctx, c, codec.Message{Tenant: tenants[caller], Group: keys[caller], Body: body})
 		})
 	}
-	var gWall, gCPU, sWall, sCPU time.Duration
+	floor := newFloor(b, srv.Addr, body, keys)
+	var gWall, gCPU, sWall, sCPU, fWall, fCPU time.Duration
 	add := func(wall, cpu *time.Duration) func(time.Duration, time.Duration) {
 		return func(w, c time.Duration) { *wall += w; *cpu += c; srv.ClearMessages() }
 	}
-	// Halves in the order google, sinkbatch, sinkbatch, google, so that
-	// neither always runs first or last.
+	// Halves in the order google, sinkbatch, floor, floor, sinkbatch,
+	// google, so that none always runs first or last.
 	first, second := b.N/2, b.N-b.N/2
 	b.ReportAllocs()
 	b.ResetTimer()
 	add(&gWall, &gCPU)(google(first))
 	add(&sWall, &sCPU)(sinkbatch(first))
+	add(&fWall, &fCPU)(floor(first))
+	add(&fWall, &fCPU)(floor(second))
 	add(&sWall, &sCPU)(sinkbatch(second))
 	add(&gWall, &gCPU)(google(second))
 	b.StopTimer()
 
 	n := float64(b.N)
-	gRate, sRate := n/gWall.Seconds(), n/sWall.Seconds()
-	gCPUPer, sCPUPer := float64(gCPU.Microseconds())/n, float64(sCPU.Microseconds())/n
+	gRate, sRate, fRate := n/gWall.Seconds(), n/sWall.Seconds(), n/fWall.Seconds()
+	gCPUPer, sCPUPer, fCPUPer := float64(gCPU.Microseconds())/n, float64(sCPU.Microseconds())/n, float64(fCPU.Microseconds())/n
 	b.ReportMetric(sRate, "sinkbatch-msgs/s")
 	b.ReportMetric(gRate, "google-msgs/s")
+	b.ReportMetric(fRate, "floor-msgs/s")
 	b.ReportMetric(sRate/gRate, "rate-ratio")
+	b.ReportMetric(sRate/fRate, "floor-rate-ratio")
 	b.ReportMetric(sCPUPer, "sinkbatch-cpu-µs/msg")
 	b.ReportMetric(gCPUPer, "google-cpu-µs/msg")
+	b.ReportMetric(fCPUPer, "floor-cpu-µs/msg")
 	b.ReportMetric(sCPUPer/gCPUPer, "cpu-ratio")
+	b.ReportMetric(sCPUPer/fCPUPer, "floor-cpu-ratio")
+}
+
+// newFloor returns the floor of BenchmarkPublish: a function that publishes
+// n messages of body (ordering keys taken from keys in turn, one key per
+// request) as pre-built requests of benchMaxCount messages, from
+// floorSenders goroutines, through a TopicAdminClient dialled and called as
+// the codec dials and calls it, and returns the wall and CPU time taken.
+func newFloor(b *testing.B, addr string, body []byte, keys []string) func(n int) (time.Duration, time.Duration) {
+	client, err := newAPIClient(addr) // the options the codec dials with for Insecure
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, client.Close()) })
+	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)} // as the codec's
+
+	var distinct []string // the keys, each once, in first-seen order
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			distinct = append(distinct, k)
+		}
+	}
+	reqs := make([]*pubsubpb.PublishRequest, len(distinct))
+	for i, k := range distinct {
+		msgs := make([]*pubsubpb.PubsubMessage, benchMaxCount)
+		for j := range msgs {
+			msgs[j] = &pubsubpb.PubsubMessage{Data: body, OrderingKey: k}
+		}
+		reqs[i] = &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}
+	}
+	return func(n int) (wall, cpu time.Duration) {
+		var (
+			next   atomic.Int64
+			failed atomic.Int64
+			first  atomic.Value
+			wg     sync.WaitGroup
+		)
+		requests := (n + benchMaxCount - 1) / benchMaxCount
+		cpu0, t0 := usage(b), time.Now()
+		for range floorSenders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					k := int(next.Add(1)) - 1
+					if k >= requests {
+						return
+					}
+					req := reqs[k%len(reqs)]
+					if rest := n - k*benchMaxCount; rest < benchMaxCount {
+						req = &pubsubpb.PublishRequest{Topic: req.Topic, Messages: req.Messages[:rest]}
+					}
+					resp, err := client.Publish(context.Background(), req, callOpts...)
+					if err == nil && len(resp.MessageIds) != len(req.Messages) {
+						err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(req.Messages))
+					}
+					if err != nil {
+						failed.Add(1)
+						first.CompareAndSwap(nil, err.Error())
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		wall, cpu = time.Since(t0), usage(b)-cpu0
+		require.Zero(b, failed.Load(), "first failure: %v", first.Load())
+		return wall, cpu
+	}
+}
+
+// jsonBody returns a JSON event of exactly n bytes (n ≥ 300) of the kind
+// services publish: ids, timestamps, names and a list of line items, drawn
+// from r so that no two bodies are alike.
+func jsonBody(r *mrand.Rand, n int) []byte {
+	words := []string{"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"event_id":"%08x-%04x-%04x-%04x-%012x","type":"order.created","ts":"2026-12-01T%02d:%02d:%02d.%03dZ",`,
+		r.Uint32(), r.Uint32()&0xffff, r.Uint32()&0xffff, r.Uint32()&0xffff, r.Uint64()&0xffffffffffff,
+		r.IntN(24), r.IntN(60), r.IntN(60), r.IntN(1000))
+	fmt.Fprintf(&b, `"customer":{"id":"c-%d","email":"%s.%s@example.com","tier":"%s"},"items":[`,
+		r.IntN(1e6), words[r.IntN(10)], words[r.IntN(10)], []string{"free", "pro", "enterprise"}[r.IntN(3)])
+	for i := 0; b.Len() < n-120; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"sku":"SKU-%05d","name":"%s %s","qty":%d,"price":%d.%02d}`,
+			r.IntN(1e5), words[r.IntN(10)], words[r.IntN(10)], 1+r.IntN(9), r.IntN(500), r.IntN(100))
+	}
+	b.WriteString(`],"note":"`)
+	for b.Len() < n-2 {
+		b.WriteString(words[r.IntN(10)][:1])
+	}
+	b.WriteString(`"}`)
+	return b.Bytes()[:n:n]
+}
+
+// BenchmarkCompression publishes requests of 1 KiB JSON bodies through two
+// codecs on one server, in one run: CompressionBytesThreshold 0 (off) and 1
+// (every request gzip-compressed). Each iteration publishes one message
+// through each; 4 goroutines each send whole requests. It reports, for
+// both, bytes on the wire per message (compressed payload and gRPC framing,
+// as the server received them), CPU time per message (user+sys of the whole
+// process: the in-process server's decompression is included) and msgs/s,
+// and the gzip/off ratios.
+func BenchmarkCompression(b *testing.B) {
+	for _, perRequest := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("messages=%d", perRequest), func(b *testing.B) { benchCompression(b, perRequest) })
+	}
+}
+
+func benchCompression(b *testing.B, perRequest int) {
+	const (
+		bodyBytes = 1024
+		senders   = 4
+		bodies    = 4096 // distinct bodies, reused round-robin
+	)
+	srv := newServer(b)
+	addr, wire := newWireServer(b, srv)
+	newC := func(threshold int) *pubsub.Codec {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: threshold})
+		require.NoError(b, err)
+		b.Cleanup(func() { require.NoError(b, c.Close()) })
+		return c
+	}
+	plain, gz := newC(0), newC(1)
+	r := mrand.New(mrand.NewPCG(1, 2))
+	msgs := make([]codec.Message, bodies)
+	for i := range msgs {
+		msgs[i] = codec.Message{Body: jsonBody(r, bodyBytes)}
+	}
+
+	// run publishes n messages through c in requests of perRequest and
+	// returns the wall time, CPU time and bytes on the wire they took.
+	run := func(c *pubsub.Codec, n int) (wall, cpu time.Duration, onWire int) {
+		var (
+			next atomic.Int64
+			wg   sync.WaitGroup
+		)
+		requests := (n + perRequest - 1) / perRequest
+		cpu0, t0 := usage(b), time.Now()
+		for range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				batch := make([]codec.Message, 0, perRequest)
+				for {
+					k := int(next.Add(1)) - 1
+					if k >= requests {
+						return
+					}
+					batch = batch[:0]
+					for j := k * perRequest; j < min(n, (k+1)*perRequest); j++ {
+						batch = append(batch, msgs[j%bodies])
+					}
+					res, err := c.SendBatch(context.Background(), batch)
+					for i := 0; err == nil && i < len(res); i++ {
+						err = res[i].Err
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		wall, cpu = time.Since(t0), usage(b)-cpu0
+		for _, call := range wire.take() {
+			onWire += call.wire
+		}
+		srv.ClearMessages()
+		return wall, cpu, onWire
+	}
+
+	var pWall, pCPU, gWall, gCPU time.Duration
+	var pWire, gWire int
+	add := func(wall, cpu *time.Duration, bytes *int) func(time.Duration, time.Duration, int) {
+		return func(w, c time.Duration, n int) { *wall += w; *cpu += c; *bytes += n }
+	}
+	first, second := b.N/2, b.N-b.N/2
+	b.ReportAllocs()
+	b.ResetTimer()
+	add(&pWall, &pCPU, &pWire)(run(plain, first))
+	add(&gWall, &gCPU, &gWire)(run(gz, first))
+	add(&gWall, &gCPU, &gWire)(run(gz, second))
+	add(&pWall, &pCPU, &pWire)(run(plain, second))
+	b.StopTimer()
+
+	n := float64(b.N)
+	b.ReportMetric(float64(pWire)/n, "off-wire-B/msg")
+	b.ReportMetric(float64(gWire)/n, "gzip-wire-B/msg")
+	b.ReportMetric(float64(gWire)/float64(pWire), "wire-ratio")
+	b.ReportMetric(float64(pCPU.Microseconds())/n, "off-cpu-µs/msg")
+	b.ReportMetric(float64(gCPU.Microseconds())/n, "gzip-cpu-µs/msg")
+	b.ReportMetric(float64(gCPU)/float64(pCPU), "cpu-ratio")
+	b.ReportMetric(n/pWall.Seconds(), "off-msgs/s")
+	b.ReportMetric(n/gWall.Seconds(), "gzip-msgs/s")
 }

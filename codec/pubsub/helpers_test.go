@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -23,7 +24,7 @@ import (
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
-const testTopic = "projects/p/topics/t"
+const testTopic = "projects/p/topics/top"
 
 // reactor adapts a function to pstest.Reactor. It runs under the server's
 // lock: it must not call back into the server.
@@ -119,4 +120,66 @@ func newAPIClient(addr string) (*apiv1.TopicAdminClient, error) {
 		option.WithEndpoint(addr),
 		option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+}
+
+// wireCall is what a server saw of one Publish call on the wire.
+type wireCall struct {
+	compression string // the grpc-encoding the client sent; "" or "identity" is none
+	length      int    // the request's serialized size
+	wire        int    // its size on the wire: compressed payload and gRPC framing
+}
+
+// wireStats is a server-side stats.Handler that records every call's
+// compression and sizes.
+type wireStats struct {
+	mu    sync.Mutex
+	calls []wireCall
+}
+
+type wireKey struct{}
+
+func (w *wireStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, wireKey{}, &wireCall{})
+}
+
+func (w *wireStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	call := ctx.Value(wireKey{}).(*wireCall)
+	switch s := s.(type) {
+	case *stats.InHeader:
+		call.compression = s.Compression
+	case *stats.InPayload:
+		// Recorded here, not at End: the server decodes the request (and
+		// reports it) before its handler answers, so the call is recorded
+		// before the client has its answer.
+		call.length, call.wire = s.Length, s.WireLength
+		w.mu.Lock()
+		w.calls = append(w.calls, *call)
+		w.mu.Unlock()
+	}
+}
+
+func (w *wireStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (w *wireStats) HandleConn(context.Context, stats.ConnStats)                       {}
+
+func (w *wireStats) take() []wireCall {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	calls := w.calls
+	w.calls = nil
+	return calls
+}
+
+// newWireServer serves srv's fake on a gRPC server that records each call's
+// compression and sizes, and returns its address.
+func newWireServer(t testing.TB, srv *pstest.Server) (string, *wireStats) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	w := &wireStats{}
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.StatsHandler(w))
+	pubsubpb.RegisterPublisherServer(g, &srv.GServer)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	return lis.Addr().String(), w
 }

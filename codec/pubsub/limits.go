@@ -30,6 +30,12 @@ const (
 	MaxOrderingKeyBytes = 1024
 )
 
+// The length of a topic id, the last segment of a topic's name.
+const (
+	minTopicID = 3
+	maxTopicID = 255
+)
+
 // The PublishRequest and PubsubMessage field tags, each one byte on the wire:
 // (field number << 3) | wire type 2 (length-delimited).
 const (
@@ -75,10 +81,31 @@ func (c *Codec) messageSize(m codec.Message) int {
 	if m.IdempotencyKey != "" {
 		n += sizeMapEntry(c.idemAttr, m.IdempotencyKey)
 	}
+	if c.carriesTrace(m) {
+		n += sizeMapEntry(TraceParentAttribute, m.Trace.Parent)
+		if m.Trace.State != "" {
+			n += sizeMapEntry(TraceStateAttribute, m.Trace.State)
+		}
+		// The user's attributes of these names are replaced (see
+		// fillProto).
+		for _, k := range traceAttributes {
+			if v, ok := m.Attributes[k]; ok {
+				n -= sizeMapEntry(k, v)
+			}
+		}
+	}
 	if m.Group != "" {
 		n += sizeBytesField(len(m.Group))
 	}
 	return n
+}
+
+// traceAttributes are the attributes the trace context travels in.
+var traceAttributes = [...]string{TraceParentAttribute, TraceStateAttribute}
+
+// carriesTrace reports whether m's trace context travels in its attributes.
+func (c *Codec) carriesTrace(m codec.Message) bool {
+	return c.propagate && m.Trace.Parent != ""
 }
 
 // Size is the number of bytes m adds to a PublishRequest: the PubsubMessage's
@@ -102,13 +129,25 @@ func (c *Codec) Validate(m codec.Message) error {
 	if m.IdempotencyKey != "" {
 		nattr++
 	}
+	carry := c.carriesTrace(m)
+	if carry {
+		for _, k := range traceAttributes {
+			if _, ok := m.Attributes[k]; ok {
+				nattr--
+			}
+		}
+		nattr++
+		if m.Trace.State != "" {
+			nattr++
+		}
+	}
 	if len(m.Body) == 0 && len(m.Attributes) == 0 {
 		// The idempotency attribute alone does not count: it is sinkbatch's
 		// bookkeeping, and a message without payload is refused by every codec.
 		return invalid("EmptyMessage", "a message needs non-empty data (Body) or at least one attribute")
 	}
 	if nattr > MaxAttributes {
-		return invalid("TooManyAttributes", "%d attributes (the idempotency attribute included); Pub/Sub allows %d", nattr, MaxAttributes)
+		return invalid("TooManyAttributes", "%d attributes (the idempotency and trace attributes included); Pub/Sub allows %d", nattr, MaxAttributes)
 	}
 	for k, v := range m.Attributes {
 		if err := checkAttribute(k, v); err != nil {
@@ -120,6 +159,14 @@ func (c *Codec) Validate(m codec.Message) error {
 			return invalid("IdempotencyAttributeTaken", "attribute %q is set and so is IdempotencyKey, which travels in that attribute", c.idemAttr)
 		}
 		if err := checkAttribute(c.idemAttr, m.IdempotencyKey); err != nil {
+			return err
+		}
+	}
+	if carry {
+		if err := checkAttribute(TraceParentAttribute, m.Trace.Parent); err != nil {
+			return err
+		}
+		if err := checkAttribute(TraceStateAttribute, m.Trace.State); err != nil {
 			return err
 		}
 	}

@@ -8,15 +8,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding/gzip"
 
 	"github.com/ankusa/sinkbatch/codec"
 )
@@ -31,6 +34,15 @@ const (
 	DefaultTimeout = 60 * time.Second
 )
 
+// The attributes Message.Trace travels in: the W3C traceparent and
+// tracestate headers under the prefix "googclient_", as Google's client
+// library injects them and its subscriber (and its NewMessageCarrierFromPB)
+// extracts them.
+const (
+	TraceParentAttribute = "googclient_traceparent"
+	TraceStateAttribute  = "googclient_tracestate"
+)
+
 // maxParallelPublishes bounds the Publish calls one SendBatch makes at once
 // when its batch holds several ordering keys (see the package doc).
 const maxParallelPublishes = 16
@@ -39,7 +51,10 @@ const maxParallelPublishes = 16
 // set, or the codec dials its own client from Endpoint, CredentialsJSON,
 // Insecure and ClientOptions.
 type Config struct {
-	// Topic is the topic's full name, projects/P/topics/T. Required.
+	// Topic is the topic's full name, projects/{project}/topics/{topic}.
+	// Required. New refuses a name Pub/Sub would refuse: the topic id must
+	// be 3 to 255 letters, digits or - _ . ~ + %, start with a letter and
+	// not start with "goog".
 	Topic string
 
 	// Endpoint is the service's host:port; "" is pubsub.googleapis.com:443
@@ -75,7 +90,25 @@ type Config struct {
 	// in; "" is DefaultIdempotencyAttribute.
 	IdempotencyAttribute string
 
-	// Tuning is the batch tuning; it may only tighten Codec.Limits.
+	// DisableTracePropagation leaves Message.Trace out of the message. By
+	// default a message whose Trace.Parent is set carries it in
+	// TraceParentAttribute, and its Trace.State (when set) in
+	// TraceStateAttribute, replacing any attribute of those names the
+	// message has: a subscriber then continues the publisher's trace.
+	DisableTracePropagation bool
+
+	// CompressionBytesThreshold turns on gzip compression: a Publish
+	// request whose serialized size is above it goes gzip-compressed, as
+	// with the Google client's PublishSettings.EnableCompression and
+	// CompressionBytesThreshold (which defaults to 240 when enabled). 0, the
+	// default, never compresses; a negative value is refused. Compression
+	// trades CPU at both ends for bytes on the wire: it pays for bodies that
+	// compress well (JSON, text) on a link that costs. Pub/Sub's request
+	// limits count the request before compression.
+	CompressionBytesThreshold int
+
+	// Tuning is the batch tuning; it may only tighten Codec.Limits. New
+	// refuses a Tuning that codec.Tuning.Check refuses, naming the field.
 	Tuning codec.Tuning
 }
 
@@ -90,6 +123,12 @@ type Codec struct {
 	tuning   codec.Tuning
 	identity []byte
 	callOpts []gax.CallOption
+	// propagate is !Config.DisableTracePropagation.
+	propagate bool
+	// compressAbove is Config.CompressionBytesThreshold; 0 is off.
+	compressAbove int
+	// gzipOpts are callOpts with the gzip compressor.
+	gzipOpts []gax.CallOption
 
 	closeOnce sync.Once
 	closeErr  error
@@ -100,22 +139,25 @@ var (
 	_ codec.Validator = (*Codec)(nil)
 )
 
-var topicRE = regexp.MustCompile(`^projects/[^/]+/topics/[^/]+$`)
-
 // New checks cfg and returns a codec for its topic, dialling a client unless
-// cfg.Client is set. Dialling is lazy: New does not wait for a connection,
+// cfg.Client is set. A bad cfg is refused with an error that starts
+// "sinkbatch/pubsub: New: " and names the field (Config.Topic,
+// Tuning.MaxBytes). Dialling is lazy: New does not wait for a connection,
 // and ctx only bounds the dial's set-up. Call Close when no batcher uses the
 // codec any more.
 func New(ctx context.Context, cfg Config) (*Codec, error) {
-	if !topicRE.MatchString(cfg.Topic) {
-		return nil, fmt.Errorf("sinkbatch/pubsub: topic %q is not of the form projects/P/topics/T", cfg.Topic)
+	if err := checkTopic(cfg.Topic); err != nil {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.Topic: %w", err)
 	}
 	idemAttr := cfg.IdempotencyAttribute
 	if idemAttr == "" {
 		idemAttr = DefaultIdempotencyAttribute
 	}
 	if err := checkAttribute(idemAttr, ""); err != nil {
-		return nil, fmt.Errorf("sinkbatch/pubsub: IdempotencyAttribute %q: %w", idemAttr, err)
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.IdempotencyAttribute %.32q: %w", idemAttr, err)
+	}
+	if idemAttr == TraceParentAttribute || idemAttr == TraceStateAttribute {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.IdempotencyAttribute %q is where the trace context travels", idemAttr)
 	}
 	limits := codec.Limits{
 		MaxEntries: MaxRequestMessages,
@@ -123,15 +165,18 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		// Every message of one Publish must carry the same ordering key.
 		OneGroupPerRequest: true,
 	}
-	if err := checkTuning(cfg.Tuning, limits); err != nil {
-		return nil, err
+	if err := cfg.Tuning.Check(limits); err != nil {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: %w", err)
 	}
 	dialling := cfg.Endpoint != "" || cfg.CredentialsJSON != nil || cfg.Insecure || len(cfg.ClientOptions) > 0
 	if cfg.Client != nil && dialling {
-		return nil, errors.New("sinkbatch/pubsub: Client excludes Endpoint, CredentialsJSON, Insecure and ClientOptions")
+		return nil, errors.New("sinkbatch/pubsub: New: Config.Client excludes Endpoint, CredentialsJSON, Insecure and ClientOptions")
 	}
 	if cfg.Insecure && cfg.CredentialsJSON != nil {
-		return nil, errors.New("sinkbatch/pubsub: Insecure excludes CredentialsJSON")
+		return nil, errors.New("sinkbatch/pubsub: New: Config.Insecure excludes CredentialsJSON")
+	}
+	if cfg.CompressionBytesThreshold < 0 {
+		return nil, fmt.Errorf("sinkbatch/pubsub: New: Config.CompressionBytesThreshold %d is negative", cfg.CompressionBytesThreshold)
 	}
 
 	c := &Codec{
@@ -142,8 +187,11 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 		tuning:   cfg.Tuning,
 		// No retries at this layer: see "Retries" in the package doc. The
 		// timeout applies only when ctx has no deadline of its own.
-		callOpts: []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
+		callOpts:      []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(DefaultTimeout)},
+		compressAbove: cfg.CompressionBytesThreshold,
+		propagate:     !cfg.DisableTracePropagation,
 	}
+	c.gzipOpts = append(slices.Clip(c.callOpts), gax.WithGRPCOptions(grpc.UseCompressor(gzip.Name)))
 	identity, err := identityOf(cfg, idemAttr)
 	if err != nil {
 		return nil, err
@@ -152,11 +200,39 @@ func New(ctx context.Context, cfg Config) (*Codec, error) {
 	if c.client == nil {
 		client, err := apiv1.NewTopicAdminClient(ctx, dialOptions(cfg)...)
 		if err != nil {
-			return nil, fmt.Errorf("sinkbatch/pubsub: dial: %w", err)
+			return nil, fmt.Errorf("sinkbatch/pubsub: New: dial: %w", err)
 		}
 		c.client, c.owned = client, true
 	}
 	return c, nil
+}
+
+// checkTopic reports why Pub/Sub would refuse topic as a topic's full name:
+// projects/{project}/topics/{topic id}, the id 3 to 255 characters from
+// [A-Za-z0-9-_.~+%], starting with a letter and not with "goog". A name the
+// service refuses would otherwise have every batch refused and bisected down
+// to single messages.
+func checkTopic(topic string) error {
+	rest, ok := strings.CutPrefix(topic, "projects/")
+	project, id, ok2 := strings.Cut(rest, "/topics/")
+	if !ok || !ok2 || project == "" || strings.Contains(project, "/") || id == "" || strings.Contains(id, "/") {
+		return fmt.Errorf("%q is not of the form projects/{project}/topics/{topic}", topic)
+	}
+	isLetter := func(r byte) bool { return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' }
+	switch {
+	case len(id) < minTopicID || len(id) > maxTopicID:
+		return fmt.Errorf("topic id %.32q is %d characters long; Pub/Sub allows %d to %d", id, len(id), minTopicID, maxTopicID)
+	case !isLetter(id[0]):
+		return fmt.Errorf("topic id %q does not start with a letter", id)
+	case strings.HasPrefix(id, "goog"):
+		return fmt.Errorf("topic id %q starts with \"goog\", which Pub/Sub reserves", id)
+	}
+	for _, r := range id {
+		if r >= utf8.RuneSelf || !isLetter(byte(r)) && !('0' <= r && r <= '9') && !strings.ContainsRune("-_.~+%", r) {
+			return fmt.Errorf("topic id %q holds %q; Pub/Sub allows ASCII letters, digits and - _ . ~ + %%", id, r)
+		}
+	}
+	return nil
 }
 
 func dialOptions(cfg Config) []option.ClientOption {
@@ -179,20 +255,6 @@ func dialOptions(cfg Config) []option.ClientOption {
 	return append(opts, cfg.ClientOptions...)
 }
 
-func checkTuning(t codec.Tuning, l codec.Limits) error {
-	if t.MaxEntries < 0 || t.MaxBytes < 0 || t.Linger < 0 || t.MaxInflight < 0 || t.QueueMax < 0 ||
-		t.QueueMaxBytes < 0 || t.TenantMax < 0 || t.RetryAfterMax < 0 || t.IdleTimeout < 0 {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning has a negative field: %+v", t)
-	}
-	if t.MaxEntries > l.MaxEntries {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxEntries %d exceeds Pub/Sub's %d", t.MaxEntries, l.MaxEntries)
-	}
-	if t.MaxBytes > l.MaxBytes {
-		return fmt.Errorf("sinkbatch/pubsub: Tuning.MaxBytes %d exceeds %d (Pub/Sub's %d less the topic field)", t.MaxBytes, l.MaxBytes, MaxRequestBytes)
-	}
-	return nil
-}
-
 // identityOf encodes every Config field that shapes a request, each
 // length-prefixed so that no two configs encode alike.
 func identityOf(cfg Config, idemAttr string) ([]byte, error) {
@@ -202,6 +264,12 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		b = append(b, p...)
 	}
 	num := func(v int64) { b = binary.AppendVarint(b, v) }
+	flag := func(v bool) int64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
 
 	field([]byte("sinkbatch/pubsub/1"))
 	field([]byte(cfg.Topic))
@@ -220,15 +288,14 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		field(nil)
 	}
 	field([]byte(cfg.CredentialsType))
-	if cfg.Insecure {
-		num(1)
-	} else {
-		num(0)
-	}
+	num(flag(cfg.Insecure))
 	field([]byte(idemAttr))
+	num(int64(cfg.CompressionBytesThreshold))
+	num(flag(cfg.DisableTracePropagation))
 	t := cfg.Tuning
 	for _, v := range []int64{int64(t.MaxEntries), int64(t.MaxBytes), int64(t.Linger), int64(t.MaxInflight),
-		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout)} {
+		int64(t.QueueMax), t.QueueMaxBytes, int64(t.TenantMax), int64(t.RetryAfterMax), int64(t.IdleTimeout),
+		int64(t.WhenFull), flag(t.StrictGroups), int64(t.GroupPauseMax), flag(t.Adaptive)} {
 		num(v)
 	}
 	opaque := cfg.Client != nil || len(cfg.ClientOptions) > 0
@@ -240,7 +307,7 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 		// Options the codec cannot see: share with nobody.
 		nonce := make([]byte, 16)
 		if _, err := rand.Read(nonce); err != nil {
-			return nil, fmt.Errorf("sinkbatch/pubsub: identity nonce: %w", err)
+			return nil, fmt.Errorf("sinkbatch/pubsub: New: identity nonce: %w", err)
 		}
 		field([]byte("unique"))
 		field(nonce)
@@ -254,9 +321,10 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 func (c *Codec) Name() string { return "pubsub" }
 
 // Identity returns the codec's identity: topic, endpoint, a digest of the
-// credentials, Insecure, the idempotency attribute, the tuning and
-// IdentityExtra (or a per-codec nonce; see Config.IdentityExtra). It holds no
-// raw credentials. The caller must not modify it.
+// credentials, Insecure, the idempotency attribute, trace propagation, the
+// compression threshold, the tuning and IdentityExtra (or a per-codec nonce;
+// see Config.IdentityExtra). It holds no raw credentials. The caller must not
+// modify it.
 func (c *Codec) Identity() []byte { return c.identity }
 
 // Limits returns 1000 messages and MaxRequestBytes less the encoded topic

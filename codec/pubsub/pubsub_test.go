@@ -16,10 +16,13 @@ import (
 	"testing"
 	"time"
 
+	gpubsub "cloud.google.com/go/pubsub/v2"
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,15 +39,25 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		edit func(*pubsub.Config)
 		want string
 	}{
-		{"no topic", func(c *pubsub.Config) { c.Topic = "" }, "is not of the form"},
-		{"short topic", func(c *pubsub.Config) { c.Topic = "topics/t" }, "is not of the form"},
-		{"topic with extra path", func(c *pubsub.Config) { c.Topic = "projects/p/topics/t/x" }, "is not of the form"},
-		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Client excludes"},
-		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Insecure excludes"},
-		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "negative"},
-		{"too many entries", func(c *pubsub.Config) { c.Tuning.MaxEntries = 1001 }, "MaxEntries 1001"},
-		{"too many bytes", func(c *pubsub.Config) { c.Tuning.MaxBytes = pubsub.MaxRequestBytes }, "MaxBytes 10000000"},
-		{"long idempotency attribute", func(c *pubsub.Config) { c.IdempotencyAttribute = strings.Repeat("k", 257) }, "IdempotencyAttribute"},
+		{"no topic", func(c *pubsub.Config) { c.Topic = "" }, "Config.Topic: \"\" is not of the form"},
+		{"no project", func(c *pubsub.Config) { c.Topic = "topics/top" }, "Config.Topic: \"topics/top\" is not of the form"},
+		{"empty project", func(c *pubsub.Config) { c.Topic = "projects//topics/top" }, "is not of the form"},
+		{"topic with extra path", func(c *pubsub.Config) { c.Topic = "projects/p/topics/top/x" }, "is not of the form"},
+		{"topic id too short", func(c *pubsub.Config) { c.Topic = "projects/p/topics/tt" }, `Config.Topic: topic id "tt" is 2 characters long; Pub/Sub allows 3 to 255`},
+		{"topic id too long", func(c *pubsub.Config) { c.Topic = "projects/p/topics/" + strings.Repeat("t", 256) }, "is 256 characters long; Pub/Sub allows 3 to 255"},
+		{"topic id starts with a digit", func(c *pubsub.Config) { c.Topic = "projects/p/topics/1top" }, `Config.Topic: topic id "1top" does not start with a letter`},
+		{"topic id starts with goog", func(c *pubsub.Config) { c.Topic = "projects/p/topics/google" }, `starts with "goog"`},
+		{"topic id holds a space", func(c *pubsub.Config) { c.Topic = "projects/p/topics/to p" }, `topic id "to p" holds ' '`},
+		{"topic id holds a non-ASCII letter", func(c *pubsub.Config) { c.Topic = "projects/p/topics/topé" }, `topic id "topé" holds 'é'; Pub/Sub allows ASCII letters`},
+		{"client and endpoint", func(c *pubsub.Config) { c.Client = newClientForTest(t) }, "Config.Client excludes"},
+		{"insecure and credentials", func(c *pubsub.Config) { c.CredentialsJSON = []byte(`{}`) }, "Config.Insecure excludes"},
+		{"negative tuning", func(c *pubsub.Config) { c.Tuning.Linger = -time.Millisecond }, "Tuning.Linger -1ms is negative"},
+		{"negative pause", func(c *pubsub.Config) { c.Tuning.GroupPauseMax = -time.Second }, "Tuning.GroupPauseMax -1s is negative"},
+		{"too many entries", func(c *pubsub.Config) { c.Tuning.MaxEntries = 1001 }, "Tuning.MaxEntries 1001 is above the destination's limit 1000"},
+		{"too many bytes", func(c *pubsub.Config) { c.Tuning.MaxBytes = pubsub.MaxRequestBytes }, "Tuning.MaxBytes 10000000 is above the destination's limit 9999977"},
+		{"queue below a request", func(c *pubsub.Config) { c.Tuning.QueueMaxBytes = 1000 }, "Tuning.QueueMaxBytes 1000 is below the destination's request limit"},
+		{"unknown policy", func(c *pubsub.Config) { c.Tuning.WhenFull = 7 }, "Tuning.WhenFull FullPolicy(7) is not Refuse or Block"},
+		{"long idempotency attribute", func(c *pubsub.Config) { c.IdempotencyAttribute = strings.Repeat("k", 257) }, "Config.IdempotencyAttribute"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,18 +67,28 @@ func TestNewRefusesBadConfig(t *testing.T) {
 			require.Error(t, err)
 			assert.Nil(t, c)
 			assert.Contains(t, err.Error(), tt.want)
-			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+			assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: New: "), err.Error())
+			assert.NotContains(t, err.Error(), "Linger:", "names the field, not the whole struct")
 		})
 	}
 
 	t.Run("tightest tuning accepted", func(t *testing.T) {
 		cfg := ok
-		cfg.Tuning = codec.Tuning{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21}
+		cfg.Tuning = codec.Tuning{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 23}
 		c, err := pubsub.New(context.Background(), cfg)
 		require.NoError(t, err)
 		require.NoError(t, c.Close())
-		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 21, OneGroupPerRequest: true}, c.Limits(),
-			"limits less the topic field: tag, length, 19 bytes")
+		assert.Equal(t, codec.Limits{MaxEntries: 1000, MaxBytes: pubsub.MaxRequestBytes - 23, OneGroupPerRequest: true}, c.Limits(),
+			"limits less the topic field: tag, length, 21 bytes")
+	})
+	t.Run("topic ids at the limits accepted", func(t *testing.T) {
+		for _, id := range []string{"abc", "A" + strings.Repeat("z", 254), "t-_.~+%09Zz", "gooH"} {
+			cfg := ok
+			cfg.Topic = "projects/my-project/topics/" + id
+			c, err := pubsub.New(context.Background(), cfg)
+			require.NoError(t, err, id)
+			require.NoError(t, c.Close())
+		}
 	})
 }
 
@@ -104,11 +127,15 @@ func TestIdentity(t *testing.T) {
 	assert.False(t, bytes.Contains(creds1.Identity(), secret[40:80]), "identity holds a digest, not the credentials")
 
 	differs := map[string]pubsub.Config{
-		"topic":       {Topic: "projects/p/topics/u", Endpoint: "127.0.0.1:1", Insecure: true},
+		"topic":       {Topic: "projects/p/topics/other", Endpoint: "127.0.0.1:1", Insecure: true},
 		"endpoint":    {Endpoint: "127.0.0.1:2", Insecure: true},
 		"secure":      {Endpoint: "127.0.0.1:1", CredentialsJSON: secret},
 		"idempotency": {Endpoint: "127.0.0.1:1", Insecure: true, IdempotencyAttribute: "dedup"},
 		"tuning":      {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{IdleTimeout: time.Second}},
+		"when full":   {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{WhenFull: codec.Block}},
+		"strict":      {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{StrictGroups: true}},
+		"pause":       {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{GroupPauseMax: time.Second}},
+		"adaptive":    {Endpoint: "127.0.0.1:1", Insecure: true, Tuning: codec.Tuning{Adaptive: true}},
 		"extra":       {Endpoint: "127.0.0.1:1", Insecure: true, IdentityExtra: []byte("x")},
 	}
 	for name, cfg := range differs {
@@ -227,11 +254,31 @@ func randomMessage(r *rand.Rand) codec.Message {
 	if r.IntN(8) == 0 {
 		m.Attributes = map[string]string{"k": ""} // an empty value is still written
 	}
+	if r.IntN(2) == 0 {
+		m.Trace.Parent = "00-" + strings.Repeat("a", 32) + "-" + strings.Repeat("b", 16) + "-01"
+		if r.IntN(4) == 0 {
+			m.Trace.Parent = str(1 + r.IntN(1024))
+		}
+		if r.IntN(2) == 0 {
+			m.Trace.State = str(min(pick(), 1024))
+		}
+	}
+	if r.IntN(4) == 0 {
+		// The user's own trace attributes, which a carried context replaces.
+		if m.Attributes == nil {
+			m.Attributes = map[string]string{}
+		}
+		m.Attributes[pubsub.TraceParentAttribute] = str(min(pick(), 1024))
+		if r.IntN(2) == 0 {
+			m.Attributes[pubsub.TraceStateAttribute] = str(min(pick(), 1024))
+		}
+	}
 	return m
 }
 
-// toProto mirrors the codec's documented mapping.
-func toProto(m codec.Message, idemAttr string) *pubsubpb.PubsubMessage {
+// toProto mirrors the codec's documented mapping; propagate is
+// !Config.DisableTracePropagation.
+func toProto(m codec.Message, idemAttr string, propagate bool) *pubsubpb.PubsubMessage {
 	attrs := map[string]string{}
 	for k, v := range m.Attributes {
 		attrs[k] = v
@@ -239,23 +286,34 @@ func toProto(m codec.Message, idemAttr string) *pubsubpb.PubsubMessage {
 	if m.IdempotencyKey != "" {
 		attrs[idemAttr] = m.IdempotencyKey
 	}
+	if propagate && m.Trace.Parent != "" {
+		delete(attrs, pubsub.TraceStateAttribute)
+		attrs[pubsub.TraceParentAttribute] = m.Trace.Parent
+		if m.Trace.State != "" {
+			attrs[pubsub.TraceStateAttribute] = m.Trace.State
+		}
+	}
 	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
 }
 
 func TestSizeIsTheEncodedSize(t *testing.T) {
-	c := newCodec(t, "127.0.0.1:1", testTopic, codec.Tuning{})
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 300 {
-		batch := make([]codec.Message, 1+r.IntN(5))
-		req := &pubsubpb.PublishRequest{Topic: testTopic}
-		sum := 0
-		for i := range batch {
-			batch[i] = randomMessage(r)
-			sum += c.Size(batch[i])
-			req.Messages = append(req.Messages, toProto(batch[i], pubsub.DefaultIdempotencyAttribute))
+	for _, propagate := range []bool{true, false} {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true, DisableTracePropagation: !propagate})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		r := rand.New(rand.NewPCG(1, 2))
+		for range 300 {
+			batch := make([]codec.Message, 1+r.IntN(5))
+			req := &pubsubpb.PublishRequest{Topic: testTopic}
+			sum := 0
+			for i := range batch {
+				batch[i] = randomMessage(r)
+				sum += c.Size(batch[i])
+				req.Messages = append(req.Messages, toProto(batch[i], pubsub.DefaultIdempotencyAttribute, propagate))
+			}
+			require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+sum,
+				"request size = topic field + Σ Size (propagate %v)", propagate)
 		}
-		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+sum,
-			"request size = topic field + Σ Size")
 	}
 }
 
@@ -469,7 +527,50 @@ func TestErrorClassification(t *testing.T) {
 		_, err := c.SendBatch(context.Background(), []codec.Message{{Body: make([]byte, 5<<20)}})
 		require.Error(t, err)
 		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-		assert.False(t, codec.IsPermanent(err))
+		assert.ErrorIs(t, err, codec.ErrRefused, "too large for this server: the batcher bisects")
+		assert.False(t, codec.IsThrottled(err), "a size limit is no request to slow down")
+		assert.Contains(t, err.Error(), "larger than max")
+	})
+}
+
+// TestResourceExhaustedIsThrottling injects the service's ResourceExhausted
+// (a quota or flow-control refusal): every message gets a retryable answer
+// that codec.IsThrottled reports, through the codec and through the batcher.
+func TestResourceExhaustedIsThrottling(t *testing.T) {
+	srv := pstest.NewServer(pstest.WithErrorInjection("Publish", codes.ResourceExhausted, "Publish quota exceeded"))
+	t.Cleanup(func() { _ = srv.Close() })
+	c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+
+	res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+	assert.Nil(t, res)
+	require.Error(t, err)
+	assert.True(t, codec.IsThrottled(err))
+	assert.ErrorIs(t, err, codec.ErrThrottled)
+	assert.False(t, codec.IsPermanent(err))
+	assert.NotErrorIs(t, err, codec.ErrRefused)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	var ee *codec.EntryError
+	require.ErrorAs(t, err, &ee)
+	assert.True(t, ee.Throttled)
+	assert.Contains(t, err.Error(), "ResourceExhausted (retryable, throttled): Publish quota exceeded")
+
+	inst := startInstance(t)
+	for _, o := range deliverAll(t, inst, c, []codec.Message{msg(3), msg(4), msg(5)}) {
+		require.Error(t, o.err)
+		assert.True(t, codec.IsThrottled(o.err), "the caller sees the throttling: %v", o.err)
+		assert.False(t, codec.IsPermanent(o.err))
+	}
+	assert.Empty(t, srv.Messages())
+
+	t.Run("no other code is throttling", func(t *testing.T) {
+		for _, code := range []codes.Code{codes.Unavailable, codes.Internal, codes.Aborted, codes.DeadlineExceeded, codes.NotFound} {
+			srv := pstest.NewServer(pstest.WithErrorInjection("Publish", code, "injected"))
+			t.Cleanup(func() { _ = srv.Close() })
+			c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+			_, err := c.SendBatch(context.Background(), []codec.Message{msg(1)})
+			require.Error(t, err, code)
+			assert.False(t, codec.IsThrottled(err), code)
+		}
 	})
 }
 
@@ -680,19 +781,337 @@ func TestReadyClient(t *testing.T) {
 }
 
 func FuzzSize(f *testing.F) {
-	f.Add([]byte("body"), "group", "idem", "key", "value")
-	f.Add([]byte{}, "", "", "", "")
-	f.Add(bytes.Repeat([]byte{1}, 300), strings.Repeat("g", 200), "", strings.Repeat("k", 127), strings.Repeat("v", 128))
-	c := newCodec(f, "127.0.0.1:1", testTopic, codec.Tuning{})
-	f.Fuzz(func(t *testing.T, body []byte, group, idem, key, value string) {
-		m := codec.Message{Body: body, Group: group, IdempotencyKey: idem}
+	parent := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	f.Add([]byte("body"), "group", "idem", "key", "value", "", "", false)
+	f.Add([]byte{}, "", "", "", "", "", "", false)
+	f.Add(bytes.Repeat([]byte{1}, 300), strings.Repeat("g", 200), "", strings.Repeat("k", 127), strings.Repeat("v", 128), parent, "", false)
+	f.Add([]byte("b"), "", "", pubsub.TraceParentAttribute, "stale", parent, "vendor=x", false)
+	f.Add([]byte("b"), "", "", pubsub.TraceStateAttribute, "stale", parent, "", false)
+	f.Add([]byte("b"), "", "i", pubsub.TraceStateAttribute, "stale", parent, strings.Repeat("s", 120), true)
+	on := newCodec(f, "127.0.0.1:1", testTopic, codec.Tuning{})
+	off, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true, DisableTracePropagation: true})
+	require.NoError(f, err)
+	f.Cleanup(func() { require.NoError(f, off.Close()) })
+	f.Fuzz(func(t *testing.T, body []byte, group, idem, key, value, parent, state string, disable bool) {
+		c := on
+		if disable {
+			c = off
+		}
+		m := codec.Message{Body: body, Group: group, IdempotencyKey: idem, Trace: codec.TraceContext{Parent: parent, State: state}}
 		if key != "" || value != "" {
 			m.Attributes = map[string]string{key: value}
 		}
-		req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{toProto(m, pubsub.DefaultIdempotencyAttribute)}}
+		req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: []*pubsubpb.PubsubMessage{toProto(m, pubsub.DefaultIdempotencyAttribute, !disable)}}
 		if _, taken := m.Attributes[pubsub.DefaultIdempotencyAttribute]; taken && idem != "" {
 			t.Skip("invalid: the idempotency attribute is taken")
 		}
 		require.Equal(t, proto.Size(req), pubsub.MaxRequestBytes-c.Limits().MaxBytes+c.Size(m))
+	})
+}
+
+// TestAnswerWithoutIDs forges Publish answers that lack message ids, as a
+// faulty server or proxy could send: no message without an id is
+// acknowledged, and every such message gets a retryable answer saying it may
+// have been stored.
+func TestAnswerWithoutIDs(t *testing.T) {
+	forge := func(t *testing.T, ids func(req *pubsubpb.PublishRequest) []string) *pubsub.Codec {
+		srv := newServer(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(
+			func(req *pubsubpb.PublishRequest) (bool, any, error) {
+				if err := refusePoison(0, req); err != nil {
+					return true, nil, err
+				}
+				return true, &pubsubpb.PublishResponse{MessageIds: ids(req)}, nil
+			})})
+		return newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+	}
+	missing := func(t *testing.T, err error) {
+		t.Helper()
+		require.Error(t, err)
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee)
+		assert.Equal(t, pubsub.CodeMissingResult, ee.Code)
+		assert.False(t, codec.IsPermanent(err), "the message may be stored: retry it with its key")
+		assert.Contains(t, err.Error(), "may have been stored")
+		assert.True(t, strings.HasPrefix(err.Error(), "sinkbatch/pubsub: "), err.Error())
+	}
+
+	t.Run("no ids at all", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return nil })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		assert.Nil(t, res)
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+		assert.Contains(t, err.Error(), "0 message ids for 2 messages")
+	})
+	t.Run("fewer ids than messages", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1"} })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		assert.Nil(t, res)
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+	})
+	t.Run("more ids than messages", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1", "m2", "m3"} })
+		_, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2)})
+		missing(t, err)
+		assert.ErrorIs(t, err, codec.ErrResultCount)
+	})
+	t.Run("empty ids", func(t *testing.T) {
+		c := forge(t, func(*pubsubpb.PublishRequest) []string { return []string{"m1", "", "m3", ""} })
+		res, err := c.SendBatch(context.Background(), []codec.Message{msg(1), msg(2), msg(3), msg(4)})
+		require.NoError(t, err, "answers are per message")
+		require.Len(t, res, 4)
+		assert.Equal(t, "m1", res[0].ID)
+		assert.NoError(t, res[0].Err)
+		assert.Equal(t, "m3", res[2].ID)
+		assert.NoError(t, res[2].Err)
+		for _, i := range []int{1, 3} {
+			assert.Empty(t, res[i].ID)
+			missing(t, res[i].Err)
+			assert.NotErrorIs(t, res[i].Err, codec.ErrResultCount, "the count was right")
+		}
+	})
+	t.Run("an empty id stops its key's later requests", func(t *testing.T) {
+		c := forge(t, func(req *pubsubpb.PublishRequest) []string {
+			ids := make([]string, len(req.Messages))
+			for i, m := range req.Messages {
+				if string(m.Data) != "a1" {
+					ids[i] = "id-" + string(m.Data)
+				}
+			}
+			return ids
+		})
+		// Mixed keys: one request per key; the poison makes key a's request
+		// bisect into [a1] and [poison a2], sent only after [a1].
+		batch := []codec.Message{
+			{Group: "a", Body: []byte("a1")}, {Group: "b", Body: []byte("b1")},
+			{Group: "a", Body: []byte("poison")}, {Group: "a", Body: []byte("a2")},
+		}
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		missing(t, res[0].Err)
+		assert.Equal(t, "id-b1", res[1].ID)
+		for _, i := range []int{2, 3} {
+			require.Error(t, res[i].Err, "a later message of key a would overtake a1")
+			assert.False(t, codec.IsPermanent(res[i].Err))
+		}
+	})
+}
+
+func TestCompression(t *testing.T) {
+	srv := newServer(t)
+	addr, wire := newWireServer(t, srv)
+	const threshold = 1000
+	newC := func(threshold int) *pubsub.Codec {
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: threshold})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		return c
+	}
+	c := newC(threshold)
+	topicField := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+	// sized returns a message whose request alone is n bytes.
+	sized := func(n int) codec.Message {
+		for d := n; d > 0; d-- {
+			m := codec.Message{Body: bytes.Repeat([]byte(`{"k":"v"},`), d)[:d], Attributes: map[string]string{"a": "b"}}
+			if topicField+c.Size(m) == n {
+				return m
+			}
+		}
+		t.Fatalf("no body gives a request of %d bytes", n)
+		return codec.Message{}
+	}
+	send := func(c *pubsub.Codec, batch []codec.Message) wireCall {
+		t.Helper()
+		srv.ClearMessages()
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		for i, m := range got {
+			require.NoError(t, res[i].Err)
+			assert.Equal(t, res[i].ID, m.ID)
+			assert.Equal(t, batch[i].Body, m.Data, "the server holds the message intact")
+			assert.Equal(t, batch[i].Attributes, m.Attributes)
+		}
+		calls := wire.take()
+		require.Len(t, calls, 1)
+		return calls[0]
+	}
+
+	at := send(c, []codec.Message{sized(threshold)})
+	assert.Equal(t, threshold, at.length)
+	assert.NotEqual(t, "gzip", at.compression, "a request of exactly the threshold is not compressed")
+	assert.Greater(t, at.wire, at.length, "uncompressed: payload and framing")
+
+	over := send(c, []codec.Message{sized(threshold + 1)})
+	assert.Equal(t, threshold+1, over.length)
+	assert.Equal(t, "gzip", over.compression, "one byte over is compressed")
+	assert.Less(t, over.wire, over.length/4, "repetitive JSON shrinks")
+
+	batch := make([]codec.Message, 100)
+	for i := range batch {
+		batch[i] = codec.Message{Body: []byte(fmt.Sprintf(`{"order":%d,"status":"paid","items":[1,2,3]}`, i)), Attributes: map[string]string{"n": fmt.Sprint(i)}}
+	}
+	big := send(c, batch)
+	assert.Equal(t, "gzip", big.compression)
+	assert.Less(t, big.wire, big.length)
+
+	off := send(newC(0), batch)
+	assert.NotEqual(t, "gzip", off.compression, "0 never compresses")
+	assert.Equal(t, big.length, off.length)
+
+	t.Run("a negative threshold is refused", func(t *testing.T) {
+		_, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: addr, Insecure: true, CompressionBytesThreshold: -1})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "sinkbatch/pubsub: New: Config.CompressionBytesThreshold -1 is negative")
+	})
+	t.Run("identity", func(t *testing.T) {
+		assert.NotEqual(t, newC(0).Identity(), c.Identity(), "compression shapes the request")
+		assert.Equal(t, newC(threshold).Identity(), c.Identity())
+	})
+}
+
+// TestTracePropagation publishes messages with a trace context to pstest and
+// reads it back from the stored attributes, with the carrier Google's client
+// library extracts it with.
+func TestTracePropagation(t *testing.T) {
+	const (
+		parent1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		parent2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+		state1  = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+	)
+	rec := &recorder{}
+	srv := newServer(t, rec.option())
+	stale := map[string]string{pubsub.TraceParentAttribute: "00-stale", pubsub.TraceStateAttribute: "stale=1", "colour": "blue"}
+	batch := []codec.Message{
+		{Body: []byte("with state"), Trace: codec.TraceContext{Parent: parent1, State: state1}},
+		{Body: []byte("forwarded"), Attributes: stale, Trace: codec.TraceContext{Parent: parent2}},
+		{Body: []byte("untraced"), Attributes: map[string]string{"colour": "red"}},
+		{Body: []byte("keyed"), IdempotencyKey: "k-1", Trace: codec.TraceContext{Parent: parent2, State: state1}},
+		{Body: []byte("state without parent"), Trace: codec.TraceContext{State: state1}},
+	}
+
+	t.Run("carried as Google's client carries it", func(t *testing.T) {
+		srv.ClearMessages()
+		c := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		res, err := c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.NoError(t, r.Err)
+		}
+		assert.Equal(t, map[string]string{pubsub.TraceParentAttribute: "00-stale", pubsub.TraceStateAttribute: "stale=1", "colour": "blue"}, stale,
+			"the caller's map is not modified")
+
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		want := []map[string]string{
+			{"googclient_traceparent": parent1, "googclient_tracestate": state1},
+			{"googclient_traceparent": parent2, "colour": "blue"}, // the stale tracestate does not travel with a new parent
+			{"colour": "red"},
+			{"googclient_traceparent": parent2, "googclient_tracestate": state1, pubsub.DefaultIdempotencyAttribute: "k-1"},
+			nil,
+		}
+		for i, m := range got {
+			assert.Equal(t, want[i], m.Attributes, "message %d", i)
+
+			// What Google's subscriber does with a received message.
+			ctx := propagation.TraceContext{}.Extract(context.Background(),
+				gpubsub.NewMessageCarrierFromPB(&pubsubpb.PubsubMessage{Attributes: m.Attributes}))
+			back := propagation.MapCarrier{}
+			propagation.TraceContext{}.Inject(ctx, back)
+			if batch[i].Trace.Parent == "" {
+				assert.Empty(t, back, "message %d carries no trace", i)
+				continue
+			}
+			assert.Equal(t, batch[i].Trace.Parent, back.Get("traceparent"), "message %d: the subscriber continues the trace", i)
+			assert.Equal(t, batch[i].Trace.State, back.Get("tracestate"), "message %d", i)
+		}
+
+		reqs := rec.requests()
+		sum := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+		for _, m := range batch {
+			sum += c.Size(m)
+		}
+		assert.Equal(t, proto.Size(reqs[len(reqs)-1]), sum, "Size counts what is carried")
+	})
+
+	t.Run("DisableTracePropagation", func(t *testing.T) {
+		srv.ClearMessages()
+		c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, DisableTracePropagation: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, c.Close()) }()
+		_, err = c.SendBatch(context.Background(), batch)
+		require.NoError(t, err)
+		got := srv.Messages()
+		require.Len(t, got, len(batch))
+		assert.Nil(t, got[0].Attributes)
+		assert.Equal(t, stale, got[1].Attributes, "the user's attributes as given")
+		assert.Equal(t, map[string]string{pubsub.DefaultIdempotencyAttribute: "k-1"}, got[3].Attributes)
+		reqs := rec.requests()
+		sum := pubsub.MaxRequestBytes - c.Limits().MaxBytes
+		for _, m := range batch {
+			sum += c.Size(m)
+		}
+		assert.Equal(t, proto.Size(reqs[len(reqs)-1]), sum)
+		assert.NotEqual(t, newCodec(t, srv.Addr, testTopic, codec.Tuning{}).Identity(), c.Identity())
+	})
+
+	t.Run("counts in the attribute limits", func(t *testing.T) {
+		on := newCodec(t, srv.Addr, testTopic, codec.Tuning{})
+		off, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, DisableTracePropagation: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, off.Close()) }()
+		attrs := func(n int, extra ...string) map[string]string {
+			m := map[string]string{}
+			for i := range n {
+				m[fmt.Sprint("a", i)] = "v"
+			}
+			for _, k := range extra {
+				m[k] = "old"
+			}
+			return m
+		}
+		tests := []struct {
+			name string
+			m    codec.Message
+			code string // from the codec that propagates; "" is valid
+		}{
+			{"98 and both trace attributes", codec.Message{Body: []byte("b"), Attributes: attrs(98), Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""},
+			{"99 and both trace attributes", codec.Message{Body: []byte("b"), Attributes: attrs(99), Trace: codec.TraceContext{Parent: parent1, State: state1}}, "TooManyAttributes"},
+			{"99 and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(99), Trace: codec.TraceContext{Parent: parent1}}, ""},
+			{"replaced, not added", codec.Message{Body: []byte("b"), Attributes: attrs(98, pubsub.TraceParentAttribute, pubsub.TraceStateAttribute), Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""},
+			{"99, a key and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(98), IdempotencyKey: "k", Trace: codec.TraceContext{Parent: parent1, State: state1}}, "TooManyAttributes"},
+			{"long tracestate", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: parent1, State: strings.Repeat("s", 1025)}}, "AttributeValueTooLong"},
+			{"bad UTF-8 traceparent", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: "\xff"}}, "InvalidUTF8"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				assert.NoError(t, off.Validate(tt.m), "without propagation nothing is added")
+				err := on.Validate(tt.m)
+				if tt.code == "" {
+					require.NoError(t, err)
+					res, err := on.SendBatch(context.Background(), []codec.Message{tt.m})
+					require.NoError(t, err)
+					require.NoError(t, res[0].Err, "Pub/Sub takes it")
+					return
+				}
+				var ee *codec.EntryError
+				require.ErrorAs(t, err, &ee)
+				assert.Equal(t, tt.code, ee.Code)
+				assert.True(t, ee.Permanent)
+				if tt.code == "AttributeValueTooLong" {
+					assert.Contains(t, err.Error(), pubsub.TraceStateAttribute)
+				}
+			})
+		}
+	})
+
+	t.Run("the idempotency attribute cannot be a trace attribute", func(t *testing.T) {
+		for _, attr := range []string{pubsub.TraceParentAttribute, pubsub.TraceStateAttribute} {
+			_, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: srv.Addr, Insecure: true, IdempotencyAttribute: attr})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "sinkbatch/pubsub: New: Config.IdempotencyAttribute")
+		}
 	})
 }

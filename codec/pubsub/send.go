@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +14,13 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 )
+
+// CodeMissingResult is the Code of the retryable *codec.EntryError a message
+// gets when Pub/Sub's answer gives it no message id: an answer with more or
+// fewer ids than the request's messages (the error then also wraps
+// codec.ErrResultCount), or an empty id. The request reached the server, so the message may have been
+// stored; retry it with the same idempotency key.
+const CodeMissingResult = "MissingResult"
 
 // SendBatch publishes batch and returns one Result per message, in order,
 // each with the message id Pub/Sub assigned.
@@ -107,6 +115,13 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 func (c *Codec) publishBisecting(ctx context.Context, batch []codec.Message, idx []int, results []codec.Result) bool {
 	err := c.publish(ctx, batch, idx, results)
 	if err == nil {
+		// A message answered without an id may not be stored: the key's
+		// later messages would overtake it.
+		for _, i := range idx {
+			if results[i].Err != nil {
+				return batch[idx[0]].Group == ""
+			}
+		}
 		return true
 	}
 	if !errors.Is(err, codec.ErrRefused) || len(idx) == 1 {
@@ -137,32 +152,71 @@ func (c *Codec) publish(ctx context.Context, batch []codec.Message, idx []int, r
 		msgs[j] = &protos[j]
 		c.fillProto(msgs[j], batch[i])
 	}
-	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, c.callOpts...)
+	opts := c.callOpts
+	if c.compressAbove > 0 && c.requestSize(batch, idx) > c.compressAbove {
+		opts = c.gzipOpts
+	}
+	resp, err := c.client.Publish(ctx, &pubsubpb.PublishRequest{Topic: c.topic, Messages: msgs}, opts...)
 	if err != nil {
 		return c.classify(ctx, err)
 	}
-	if len(resp.MessageIds) != len(idx) {
-		return &publishError{topic: c.topic, entry: &codec.EntryError{
-			Code:    "MessageIdCount",
-			Message: fmt.Sprintf("Pub/Sub answered %d message ids for %d messages", len(resp.MessageIds), len(idx)),
+	// An answer without an id for a message is no acknowledgement: the
+	// request reached the server, so the message may have been stored, and
+	// a retry with the same idempotency key is the safe answer.
+	if len(resp.GetMessageIds()) != len(idx) {
+		return &publishError{topic: c.topic, cause: codec.ErrResultCount, entry: &codec.EntryError{
+			Code: CodeMissingResult,
+			Message: fmt.Sprintf("Pub/Sub answered %d message ids for %d messages; the messages may have been stored",
+				len(resp.GetMessageIds()), len(idx)),
 		}}
 	}
 	for j, i := range idx {
-		results[i].ID = resp.MessageIds[j]
+		if id := resp.MessageIds[j]; id != "" {
+			results[i].ID = id
+			continue
+		}
+		results[i].Err = &publishError{topic: c.topic, entry: &codec.EntryError{
+			Code:    CodeMissingResult,
+			Message: "Pub/Sub answered success without a message id; the message may have been stored",
+		}}
 	}
 	return nil
 }
 
+// requestSize is the serialized size of the PublishRequest for
+// batch[idx...].
+func (c *Codec) requestSize(batch []codec.Message, idx []int) int {
+	n := topicOverhead(c.topic)
+	for _, i := range idx {
+		n += c.Size(batch[i])
+	}
+	return n
+}
+
 // fillProto maps m onto the empty PubsubMessage p. It shares m's Body and,
-// without an idempotency key, its Attributes: the request only reads them.
+// without an idempotency key or a trace context to add, its Attributes: the
+// request only reads them. Size counts exactly what this writes.
 func (c *Codec) fillProto(p *pubsubpb.PubsubMessage, m codec.Message) {
 	attrs := m.Attributes
-	if m.IdempotencyKey != "" {
-		attrs = make(map[string]string, len(m.Attributes)+1)
+	carry := c.carriesTrace(m)
+	if m.IdempotencyKey != "" || carry {
+		attrs = make(map[string]string, len(m.Attributes)+3)
 		for k, v := range m.Attributes {
 			attrs[k] = v
 		}
-		attrs[c.idemAttr] = m.IdempotencyKey
+		if m.IdempotencyKey != "" {
+			attrs[c.idemAttr] = m.IdempotencyKey
+		}
+		if carry {
+			// The message's trace context replaces any the user's
+			// attributes carry, tracestate included: a stale tracestate
+			// must not travel with a new traceparent.
+			delete(attrs, TraceStateAttribute)
+			attrs[TraceParentAttribute] = m.Trace.Parent
+			if m.Trace.State != "" {
+				attrs[TraceStateAttribute] = m.Trace.State
+			}
+		}
 	}
 	p.Data, p.Attributes, p.OrderingKey = m.Body, attrs, m.Group
 }
@@ -204,14 +258,29 @@ func (c *Codec) classify(ctx context.Context, err error) error {
 		return pe
 	}
 	st, _ := status.FromError(err)
-	if st.Code() == codes.InvalidArgument {
+	if st.Code() == codes.InvalidArgument || isSizeLimit(st) {
 		return fmt.Errorf("sinkbatch/pubsub: publish to %s refused: %w (%w)", c.topic, codec.ErrRefused, err)
 	}
 	return &publishError{topic: c.topic, rpc: err, entry: &codec.EntryError{
 		Code:      st.Code().String(),
 		Message:   st.Message(),
 		Permanent: permanentCodes[st.Code()],
+		// The service's quota or flow control: slow down, then retry.
+		Throttled: st.Code() == codes.ResourceExhausted,
 	}}
+}
+
+// isSizeLimit reports whether st is gRPC's own message-size limit ("grpc:
+// received message larger than max (N vs. M)" from a server with a receive
+// limit below Pub/Sub's 10 MB, such as an emulator's 4 MiB; "trying to send
+// message larger than max" from a client option) rather than the service
+// asking to slow down. Both come as ResourceExhausted. The request was not
+// processed and a smaller one passes, so it is a refusal for content: the
+// batcher bisects, and a message too large on its own is answered
+// permanently. A response over the client's receive limit would read alike,
+// but the client's limit is far above any PublishResponse.
+func isSizeLimit(st *status.Status) bool {
+	return st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
 }
 
 // publishError is a failed Publish call: the classified *codec.EntryError,
@@ -225,8 +294,11 @@ type publishError struct {
 
 func (e *publishError) Error() string {
 	kind := "retryable"
-	if e.entry.Permanent {
+	switch {
+	case e.entry.Permanent:
 		kind = "permanent"
+	case e.entry.Throttled:
+		kind = "retryable, throttled"
 	}
 	return fmt.Sprintf("sinkbatch/pubsub: publish to %s: %s (%s): %s", e.topic, e.entry.Code, kind, e.entry.Message)
 }
