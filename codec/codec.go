@@ -281,9 +281,12 @@ func (e *EntryError) Error() string {
 
 // IsPermanent reports whether sending the same message again cannot succeed:
 // err is, or wraps, an *EntryError with Permanent set, ErrRefused (a refusal
-// the batcher has narrowed down to this one message), ErrTooLarge,
-// ErrCodecPanic, ErrResultCount, or an error whose PermanentFailure method
-// says so (messages.ErrNilCodec).
+// the batcher has narrowed down to this one message), ErrTooLarge, or an
+// error whose PermanentFailure method says so (Permanent, a Tuning refused
+// by Check, messages.ErrNilCodec, the answer to a message whose Size or
+// Validate panicked). ErrCodecPanic from SendBatch and ErrResultCount are
+// not permanent: the whole batch got them, whatever its messages hold, and
+// the request may have been made.
 func IsPermanent(err error) bool {
 	if err == nil {
 		return false
