@@ -229,11 +229,11 @@ func (h *fqHarness) aliveFuncs(mask uint8) (func(*entry) bool, func(*refEntry) b
 func (h *fqHarness) admit(tenant, group string, size int, deadline int64) {
 	h.ids++
 	name := fmt.Sprintf("%s/%s/%d", tenant, group, h.ids)
-	e := &entry{
-		deliver:  &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: name},
+	e := withMsg(&entry{
+		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: name}},
 		size:     size,
 		deadline: deadline,
-	}
+	})
 	re := &refEntry{id: h.ids, name: name, tenant: tenant, group: group, size: size, deadline: deadline}
 	h.twin[e] = re
 	dl := "none"
@@ -417,7 +417,7 @@ func (h *fqHarness) queueLane(key string, l *lane) fqLaneView {
 			live++
 			bytes += int64(e.size)
 			v.Entries = append(v.Entries, h.twin[e].name)
-			if e.lane != l || e.tenant != h.q.tenants[e.deliver.Message.Tenant] {
+			if e.lane != l || e.tenant != h.q.tenants[e.msg.Tenant] {
 				h.fatalf("lane %s: %s points at another lane or a tenant not in q.tenants", key, h.twin[e].name)
 			}
 		}
@@ -646,7 +646,7 @@ func TestTurnsFollowLaneOwnership(t *testing.T) {
 	// b/g/4 hands g to a, so b has no turn until a/g/5 hands it back.
 	got := []any{}
 	for _, e := range batch {
-		got = append(got, e.deliver.Ref)
+		got = append(got, e.to.deliver.Ref)
 	}
 	require.Equal(t, []any{"a//1", "b/g/4", "a//2", "a/g/5"}, got)
 }
@@ -697,11 +697,11 @@ func TestOneGroupTakeSkipsEntriesSweptBehindItsHead(t *testing.T) {
 }
 
 func fqEntry(tenant, group string, n int, deadline int64) *entry {
-	return &entry{
-		deliver:  &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: fmt.Sprintf("%s/%s/%d", tenant, group, n)},
+	return withMsg(&entry{
+		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: fmt.Sprintf("%s/%s/%d", tenant, group, n)}},
 		size:     1,
 		deadline: deadline,
-	}
+	})
 }
 
 // Seed programs. fqProgram encodes settings and operations as FuzzQueue

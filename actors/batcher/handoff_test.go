@@ -1,26 +1,30 @@
 package batcher
 
 import (
-	"math"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// handoffBatcher is a Batcher with only what next and takeDue use: no actor,
-// no goroutine.
-func handoffBatcher(s settings) *Batcher {
-	return &Batcher{
-		p:                &Params{},
-		q:                newQueue(s),
-		running:          map[*inflight]struct{}{},
-		inflightDeadline: math.MaxInt64,
-		aliveFn:          everyoneAlive,
-	}
+// handoffDispatch is a dispatch on its own: no actor, no goroutine.
+func handoffDispatch(s settings) *dispatch {
+	return newDispatch(newQueue(s), &atomic.Int64{}, everyoneAlive)
+}
+
+// take is launch at the clock's time, which finish reads.
+func take(d *dispatch) *inflight {
+	f, _ := d.launch(time.Now().UnixNano())
+	return f
+}
+
+// finishNow is finish at the clock's time.
+func finishNow(d *dispatch, f *inflight) *inflight {
+	next, _, _ := d.finish(f, time.Now().UnixNano())
+	return next
 }
 
 // A request goroutine whose request ends opens its batch's groups and takes
@@ -30,17 +34,17 @@ func handoffBatcher(s settings) *Batcher {
 func TestNextTakesTheBatchDueForItsSlot(t *testing.T) {
 	s := testSettings() // 4 entries a batch, 2 in flight
 	s.linger = int64(time.Hour)
-	b := handoffBatcher(s)
+	b := handoffDispatch(s)
 	admitNow(t, b, mk("a", "g", 1, 1), mk("b", "", 1, 1), mk("a", "", 1, 1), mk("b", "", 2, 1))
-	f1 := b.takeDue()
+	f1 := take(b)
 	require.NotNil(t, f1)
 	assert.ElementsMatch(t, []string{"a/g/1", "b//1", "a//1", "b//2"}, refs(f1.entries))
 
 	// g is gated by f1: with c's entry, 3 are sendable, which is not full.
 	admitNow(t, b, mk("a", "g", 2, 1), mk("a", "g", 3, 1), mk("c", "", 1, 1), mk("b", "", 3, 1))
-	assert.Nil(t, b.takeDue(), "nothing is due while g's request runs")
+	assert.Nil(t, take(b), "nothing is due while g's request runs")
 
-	f2 := b.next(f1)
+	f2 := finishNow(b, f1)
 	require.NotNil(t, f2, "f1's end opens g, which makes a full batch")
 	got := refs(f2.entries)
 	assert.ElementsMatch(t, []string{"a/g/2", "a/g/3", "c//1", "b//3"}, got)
@@ -48,7 +52,7 @@ func TestNextTakesTheBatchDueForItsSlot(t *testing.T) {
 	assert.Equal(t, map[*inflight]struct{}{f2: {}}, b.running)
 	assert.Equal(t, 1, b.q.inflight, "the slot passed from f1 to f2")
 
-	assert.Nil(t, b.next(f2), "with nothing due the goroutine ends")
+	assert.Nil(t, finishNow(b, f2), "with nothing due the goroutine ends")
 	assert.Empty(t, b.running)
 	assert.Equal(t, 0, b.q.inflight)
 }
@@ -58,27 +62,27 @@ func TestNextTakesTheBatchDueForItsSlot(t *testing.T) {
 // other slots are busy, a goroutine ending never makes more than MaxInflight.
 func TestNextKeepsLingerAndMaxInflight(t *testing.T) {
 	b := backlogged(t, 12)
-	f1, f2 := b.takeDue(), b.takeDue()
+	f1, f2 := take(b), take(b)
 	require.NotNil(t, f1)
 	require.NotNil(t, f2)
-	assert.Nil(t, b.takeDue(), "two slots, two requests")
+	assert.Nil(t, take(b), "two slots, two requests")
 
-	f3 := b.next(f1)
+	f3 := finishNow(b, f1)
 	require.NotNil(t, f3)
 	assert.Equal(t, 2, b.q.inflight)
-	assert.Nil(t, b.takeDue())
+	assert.Nil(t, take(b))
 
 	admitNow(t, b, mk("a", "", 12, 1))
-	assert.Nil(t, b.next(f2), "one entry is not a full batch and its linger has not run out")
+	assert.Nil(t, finishNow(b, f2), "one entry is not a full batch and its linger has not run out")
 	assert.Equal(t, 1, b.q.ready)
 }
 
 // backlogged is a batcher whose linger never runs out (4 entries a batch,
 // 2 in flight), holding n entries of one tenant.
-func backlogged(t *testing.T, n int) *Batcher {
+func backlogged(t *testing.T, n int) *dispatch {
 	s := testSettings()
 	s.linger = int64(time.Hour)
-	b := handoffBatcher(s)
+	b := handoffDispatch(s)
 	for i := range n {
 		admitNow(t, b, mk("a", "", i, 1))
 	}
@@ -86,11 +90,11 @@ func backlogged(t *testing.T, n int) *Batcher {
 }
 
 // admitNow admits at the clock's time, which next reads.
-func admitNow(t *testing.T, b *Batcher, es ...*entry) {
+func admitNow(t *testing.T, b *dispatch, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
 		_, ok := b.q.admit(e, time.Now().UnixNano())
-		require.True(t, ok, "admit %s", e.deliver.Ref)
+		require.True(t, ok, "admit %s", e.to.deliver.Ref)
 	}
 }
 
@@ -99,10 +103,10 @@ func admitNow(t *testing.T, b *Batcher, es ...*entry) {
 // may be half changed.
 func TestNextTakesNothingOnceDown(t *testing.T) {
 	b := backlogged(t, 8)
-	f := b.takeDue()
+	f := take(b)
 	require.NotNil(t, f)
 	b.down = true
-	assert.Nil(t, b.next(f), "four entries are due, but the batcher is down")
+	assert.Nil(t, finishNow(b, f), "four entries are due, but the batcher is down")
 	assert.Empty(t, b.running)
 	assert.Equal(t, 4, b.q.ready)
 }
@@ -111,10 +115,10 @@ func TestNextTakesNothingOnceDown(t *testing.T) {
 // taken: they may hold slots and groups the new queue knows nothing of.
 func TestNothingIsTakenWhileACrashedIncarnationsRequestsRun(t *testing.T) {
 	b := backlogged(t, 8)
-	b.p.goroutines.Add(1) // the crashed incarnation's
-	assert.Nil(t, b.takeDue())
-	b.p.goroutines.Add(-1)
-	assert.NotNil(t, b.takeDue())
+	b.goroutines.Add(1) // the crashed incarnation's
+	assert.Nil(t, take(b))
+	b.goroutines.Add(-1)
+	assert.NotNil(t, take(b))
 }
 
 // A take that panics on a request goroutine ends the goroutine (counted
@@ -125,30 +129,26 @@ func TestNextThatPanicsLeavesItsTakeForTheRestart(t *testing.T) {
 	s := testSettings()
 	s.maxInflight = 1
 	s.linger = 0
-	b := handoffBatcher(s)
-	system := actor.NewActorSystem()
-	defer system.Shutdown()
-	b.system, b.self = system, &actor.PID{Address: system.Address(), Id: "nobody"}
+	b := handoffDispatch(s)
 	admitNow(t, b, mk("z", "", 1, 1))
-	b.now = time.Now().UnixNano()
-	f := b.takeDue()
+	f := take(b)
 	require.NotNil(t, f)
-	b.own++ // as settle does when it starts f's goroutine
-	b.p.goroutines.Add(1)
+	require.Equal(t, 1, b.own)
 
 	admitNow(t, b, mk("a", "", 1, 1), mk("b", "", 1, 1))
-	b.aliveFn = func(e *entry) bool {
-		if e.deliver.Message.Tenant == "b" {
+	b.alive = func(e *entry) bool {
+		if e.msg.Tenant == "b" {
 			panic("listener bug")
 		}
 		return true
 	}
-	assert.Nil(t, b.next(f))
+	next, _, panicked := b.finish(f, time.Now().UnixNano())
+	assert.Nil(t, next)
+	assert.Equal(t, "listener bug", panicked)
 	assert.True(t, b.down)
 	assert.Equal(t, 0, b.own)
-	assert.Equal(t, int64(0), b.p.goroutines.Load())
+	assert.Equal(t, int64(0), b.goroutines.Load())
 
-	b.now = time.Now().UnixNano()
-	assert.Nil(t, b.takeDue(), "a down incarnation takes nothing")
-	assert.ElementsMatch(t, []string{"a//1", "b//1"}, refs(b.q.drainAll()), "what the restart answers")
+	assert.Nil(t, take(b), "a down incarnation takes nothing")
+	assert.ElementsMatch(t, []string{"a//1", "b//1"}, refs(b.abandon()), "what the restart answers")
 }

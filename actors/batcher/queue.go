@@ -2,32 +2,28 @@ package batcher
 
 import (
 	"math"
-	"sync/atomic"
 
-	"github.com/asynkron/protoactor-go/actor"
-
+	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // This file holds the batching rules: admission bounds, tenant round-robin,
 // group gating, the flush decision and the sweep of abandoned entries. The
-// queue reads no clock, starts no goroutine and sends no message: time comes
-// in as an argument (Unix nanoseconds) and liveness as a callback, so table
-// tests drive it step by step. The actor in batcher.go is its only driver.
+// queue reads no clock, starts no goroutine, sends no message and takes no
+// lock: time comes in as an argument (Unix nanoseconds) and liveness as a
+// callback, so table tests drive it step by step. Its one driver is
+// dispatch, which holds the lock around every call.
 
 // entry is one admitted delivery.
 type entry struct {
-	deliver  *messages.Deliver
-	sender   *actor.PID // who is answered; nil: nobody
-	size     int        // Codec.Size of the message
-	deadline int64      // Unix nanoseconds after which the entry is abandoned
+	msg      *codec.Message // its Tenant and Group place the entry
+	to       caller         // who is answered; the rules never look inside
+	size     int            // Codec.Size of the message
+	deadline int64          // Unix nanoseconds after which the entry is abandoned
 	tenant   *tenant
 	lane     *lane
 	dead     bool // removed from the queue while still in its lane's slice
-	// claimed is set by whoever answers the entry once it is in a request:
-	// the request goroutine, or the batcher (deadline, restart, abort).
-	claimed atomic.Bool
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
@@ -74,7 +70,7 @@ type settings struct {
 }
 
 // queue is the batching rules of one destination. Not safe for concurrent
-// use: the batcher calls it holding its lock.
+// use: dispatch calls it holding its lock.
 type queue struct {
 	s       settings
 	tenants map[string]*tenant
@@ -117,7 +113,7 @@ func (q *queue) admit(e *entry, now int64) (messages.FullReason, bool) {
 	if q.queuedBytes+int64(e.size) > q.s.queueMaxBytes {
 		return messages.FullBytes, false
 	}
-	name := e.deliver.Message.Tenant
+	name := e.msg.Tenant
 	t := q.tenants[name]
 	if t != nil && t.count >= q.s.tenantMax {
 		return messages.FullTenant, false
@@ -128,7 +124,7 @@ func (q *queue) admit(e *entry, now int64) (messages.FullReason, bool) {
 		q.tenants[name] = t
 	}
 	l := &t.plain
-	if g := e.deliver.Message.Group; g != "" {
+	if g := e.msg.Group; g != "" {
 		l = q.groups[g]
 		if l == nil {
 			l = &lane{group: g, grouped: true}
@@ -218,7 +214,7 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 			t.lanes = l.next
 		}
 		q.ring = t.next
-		q.settle(l)
+		q.place(l)
 	}
 	for _, l := range groups {
 		l.inBatch = false
@@ -312,7 +308,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 		}
 		l.inBatch = false
 		if len(b.batch) == 0 { // every entry was abandoned: nothing to gate
-			q.settle(l)
+			q.place(l)
 		} else {
 			q.gate(l)
 			groups = []*lane{l}
@@ -336,7 +332,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 				t.lanes = p.next
 			}
 			q.ring = t.next
-			q.settle(p)
+			q.place(p)
 		}
 		if len(b.batch) > 0 {
 			q.lingerFrom = now
@@ -360,7 +356,7 @@ func (q *queue) complete(groups []*lane) {
 		l.gated = false
 		q.ready += l.live
 		q.readyBytes += l.bytes
-		q.settle(l)
+		q.place(l)
 	}
 }
 
@@ -430,7 +426,7 @@ func (q *queue) remove(e *entry) {
 	e.dead = true
 	e.lane.dead++
 	q.forget(e)
-	q.settle(e.lane)
+	q.place(e.lane)
 }
 
 // forget updates the counts for a live entry leaving the queue.
@@ -456,13 +452,13 @@ func (q *queue) gate(l *lane) {
 	l.gated = true
 	q.ready -= l.live
 	q.readyBytes -= l.bytes
-	q.settle(l)
+	q.place(l)
 }
 
-// settle puts l where it belongs after a change: in the ring of the tenant
+// place puts l where it belongs after a change: in the ring of the tenant
 // owning its head when it has live entries and is not gated, nowhere
 // otherwise; an empty, idle group lane is deleted.
-func (q *queue) settle(l *lane) {
+func (q *queue) place(l *lane) {
 	l.skipDead()
 	var want *tenant
 	if l.live > 0 && !l.gated {

@@ -24,17 +24,23 @@ func testSettings() settings {
 
 // mk builds an entry named tenant/group/n with the given size.
 func mk(tenant, group string, n, size int) *entry {
-	return &entry{
-		deliver:  &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group, Body: []byte(fmt.Sprint(n))}, Ref: fmt.Sprintf("%s/%s/%d", tenant, group, n)},
+	return withMsg(&entry{
+		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group, Body: []byte(fmt.Sprint(n))}, Ref: fmt.Sprintf("%s/%s/%d", tenant, group, n)}},
 		size:     size,
 		deadline: math.MaxInt64,
-	}
+	})
+}
+
+// withMsg points e's msg at its Deliver's message, as the actor does.
+func withMsg(e *entry) *entry {
+	e.msg = &e.to.deliver.Message
+	return e
 }
 
 func refs(es []*entry) []string {
 	out := make([]string, len(es))
 	for i, e := range es {
-		out[i] = e.deliver.Ref.(string)
+		out[i] = e.to.deliver.Ref.(string)
 	}
 	return out
 }
@@ -45,7 +51,7 @@ func admitAll(t *testing.T, q *queue, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
 		_, ok := q.admit(e, 0)
-		require.True(t, ok, "admit %s", e.deliver.Ref)
+		require.True(t, ok, "admit %s", e.to.deliver.Ref)
 	}
 }
 
@@ -339,9 +345,9 @@ func TestOneGroupPerRequest(t *testing.T) {
 		batch, groups, _ := q.take(0, everyoneAlive)
 		require.NotEmpty(t, batch)
 		batches = append(batches, refs(batch))
-		group := batch[0].deliver.Message.Group
+		group := batch[0].msg.Group
 		for _, e := range batch {
-			assert.Equal(t, group, e.deliver.Message.Group, "one group per request")
+			assert.Equal(t, group, e.msg.Group, "one group per request")
 		}
 		checkCounts(t, q)
 		q.complete(groups)

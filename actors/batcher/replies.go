@@ -1,0 +1,103 @@
+package batcher
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// This file is how a batcher answers its callers: straight to a Listener the
+// Deliver names (the front door's Deliver), or with a *messages.Delivered to
+// the sender PID (an actor's ctx.Request, a future).
+
+// caller is who an entry's answer goes to: the delivery and its sender.
+type caller struct {
+	deliver *messages.Deliver
+	sender  *actor.PID // nil: nobody is answered
+}
+
+// Listener is a reply process that serves many calls, told apart by the
+// sender PID's RequestId (the front door's Deliver pools them). A batcher
+// asks it whether a call still waits instead of relying on the process
+// leaving the registry, and answers it directly, with no
+// *messages.Delivered: Answer drops the answer to a call that is over. They
+// are called from the batcher's actor and its request goroutines, sometimes
+// with the batcher's lock held: they must be quick, must not block or panic,
+// and get a non-nil pid.
+type Listener interface {
+	Listening(pid *actor.PID) bool
+	Answer(pid *actor.PID, r codec.Result)
+}
+
+// Direct, as a Deliver's Ref, names the sender's Listener, so that the
+// batcher answers it and asks whether it listens without a process
+// registry lookup. The front door sets it; Delivered.Ref echoes it.
+type Direct struct{ Listener Listener }
+
+// listenerOf is the Listener d names, if any.
+func listenerOf(d *messages.Deliver) Listener {
+	if r, ok := d.Ref.(*Direct); ok {
+		return r.Listener
+	}
+	return nil
+}
+
+// reply answers c with r: straight to its Listener if its Deliver names one
+// (which drops the answer to a call that is over), else with a
+// *messages.Delivered. A nil sender is nobody.
+func (b *Batcher) reply(c caller, r codec.Result) {
+	if c.sender == nil {
+		return
+	}
+	if l := listenerOf(c.deliver); l != nil {
+		l.Answer(c.sender, r)
+		return
+	}
+	tell(b.system, c.sender, &messages.Delivered{Ref: c.deliver.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+}
+
+// tell sends msg to pid if pid is still registered. A caller that gave up
+// has left the registry; sending it the answer anyway would make protoactor
+// log a dead letter for every late result. It costs the same lookup as a
+// plain send.
+func tell(system *actor.ActorSystem, pid *actor.PID, msg any) {
+	if p, ok := system.ProcessRegistry.Get(pid); ok {
+		p.SendUserMessage(pid, msg)
+	}
+}
+
+// alive reports whether e's caller still waits: a Listener says so itself;
+// a future that timed out or was stopped has left the process registry.
+func (b *Batcher) alive(e *entry) bool {
+	c := e.to
+	if c.sender == nil {
+		return true
+	}
+	if l := listenerOf(c.deliver); l != nil {
+		return l.Listening(c.sender)
+	}
+	p, ok := b.system.ProcessRegistry.Get(c.sender)
+	if l, isListener := p.(Listener); ok && isListener {
+		return l.Listening(c.sender)
+	}
+	return ok
+}
+
+// answerDropped answers the entries the queue dropped at now: those whose
+// deadline passed get errExpired (if their caller still listens: see
+// tell); those whose caller is gone get nothing.
+func (b *Batcher) answerDropped(dropped []*entry, now int64) {
+	for _, e := range dropped {
+		if e.deadline <= now {
+			b.reply(e.to, codec.Result{Err: errExpired})
+		}
+	}
+}
+
+// answerEach answers each of entries with err.
+func (b *Batcher) answerEach(entries []*entry, err error) {
+	for _, e := range entries {
+		b.reply(e.to, codec.Result{Err: err})
+	}
+}

@@ -1,0 +1,186 @@
+package batcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// This file is a request goroutine: it sends a batch, answers each of its
+// callers with its own result, and hands its slot on.
+
+// run is a request goroutine: it sends f, then each batch finish hands it,
+// and tells the actor after each.
+func (b *Batcher) run(f *inflight) {
+	defer b.p.Requests.Done()
+	var buf buffers
+	for f != nil {
+		report := b.request(f, &buf)
+		// The callers are answered (in request), then the slot handed on,
+		// then the actor told.
+		now := time.Now().UnixNano()
+		next, dropped, panicked := b.d.finish(f, now)
+		b.answerDropped(dropped, now)
+		if panicked != nil {
+			tell(b.system, b.self, &goroutinePanic{from: b.d, reason: panicked, stack: debug.Stack()})
+		}
+		tell(b.system, b.self, theDone)
+		b.flushed(report)
+		f = next
+	}
+}
+
+// flushed reports a batch to the Recorder. A panic there is logged, not
+// raised: on a request goroutine it would end the process.
+func (b *Batcher) flushed(report telemetry.Flush) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Flushed panicked", slog.Any("panic", r))
+		}
+	}()
+	b.p.Recorder.Flushed(report)
+}
+
+// buffers are a request goroutine's slices, reused from one of its requests
+// to the next. SendBatch does not keep its batch (see codec.Codec).
+type buffers struct {
+	msgs    []codec.Message
+	results []codec.Result
+}
+
+// request sends f's batch and answers each of its callers whose claim it
+// wins.
+func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
+	defer f.cancel()
+	n := len(f.entries)
+	if cap(buf.msgs) < n {
+		buf.msgs, buf.results = make([]codec.Message, n), make([]codec.Result, n)
+	}
+	msgs, results := buf.msgs[:n], buf.results[:n]
+	// Let go of the payloads and ids: the goroutine may wait a while for
+	// its next request, or end.
+	defer clear(msgs)
+	defer clear(results)
+	report := telemetry.Flush{Trigger: f.trigger, Entries: n}
+	for i, e := range f.entries {
+		msgs[i] = *e.msg
+		report.Bytes += e.size
+	}
+	start := time.Now()
+	report.Requests, _ = b.bisect(f.ctx, msgs, results)
+	report.Bisections = report.Requests - 1
+	report.Duration = time.Since(start)
+	for i, e := range f.entries {
+		if f.claims[i].CompareAndSwap(false, true) {
+			b.reply(e.to, results[i])
+		}
+	}
+	return report
+}
+
+// bisect sends msgs and writes one result per message into out. When the
+// destination refuses the request for its content, it sends each half in
+// turn, in order, until the refused messages stand alone. A half that fails
+// for any other reason (throttling, a 5xx, a deadline) ends the bisection:
+// the halves after it are not sent but answered with the same error, so that
+// no entry overtakes an earlier one of its group that its caller will send
+// again. It returns the number of requests it took and that failure, if any.
+func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.Result) (int, error) {
+	res, err := b.send(ctx, msgs)
+	switch {
+	case err == nil:
+		copy(out, res)
+		return 1, nil
+	case errors.Is(err, codec.ErrRefused) && len(msgs) > 1:
+		h := len(msgs) / 2
+		first, failed := b.bisect(ctx, msgs[:h], out[:h])
+		if failed != nil {
+			fill(out[h:], failed)
+			return 1 + first, failed
+		}
+		if held := retryableGroups(msgs[:h], out[:h]); held != nil {
+			second, failed := b.bisectHolding(ctx, msgs[h:], out[h:], held)
+			return 1 + first + second, failed
+		}
+		second, failed := b.bisect(ctx, msgs[h:], out[h:])
+		return 1 + first + second, failed
+	case errors.Is(err, codec.ErrRefused):
+		b.log.Warn("sinkbatch: the destination refused a message", slog.Any("error", err))
+		fill(out, err)
+		return 1, nil
+	}
+	fill(out, err)
+	return 1, err
+}
+
+// errGroupHeld answers an entry of a bisected request that was not sent
+// because an earlier entry of its group failed in an earlier half: sending
+// it would store it before the earlier one, which its caller will retry.
+var errGroupHeld = errors.New("sinkbatch: not sent: an earlier message of its group failed in the same request; deliver it again after that one")
+
+// retryableGroups is the set of groups whose message in msgs failed with a
+// retryable error (its caller will send it again), or nil.
+func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]struct{} {
+	var held map[string]struct{}
+	for i, r := range out {
+		if r.Err != nil && msgs[i].Group != "" && !codec.IsPermanent(r.Err) {
+			if held == nil {
+				held = make(map[string]struct{})
+			}
+			held[msgs[i].Group] = struct{}{}
+		}
+	}
+	return held
+}
+
+// bisectHolding is bisect for the messages of msgs whose group is not in
+// held; the others are answered errGroupHeld and never sent.
+func (b *Batcher) bisectHolding(ctx context.Context, msgs []codec.Message, out []codec.Result, held map[string]struct{}) (int, error) {
+	var send []codec.Message
+	var at []int
+	for i, m := range msgs {
+		if _, ok := held[m.Group]; ok && m.Group != "" {
+			out[i] = codec.Result{Err: errGroupHeld}
+			continue
+		}
+		send, at = append(send, m), append(at, i)
+	}
+	if len(send) == 0 {
+		return 0, nil
+	}
+	res := make([]codec.Result, len(send))
+	n, failed := b.bisect(ctx, send, res)
+	for j, i := range at {
+		out[i] = res[j]
+	}
+	return n, failed
+}
+
+func fill(out []codec.Result, err error) {
+	for i := range out {
+		out[i] = codec.Result{Err: err}
+	}
+}
+
+// send makes one request, turning a panic or a result slice of the wrong
+// length into an error for the whole request.
+func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: codec panicked in SendBatch", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			res, err = nil, fmt.Errorf("%w: %v", codec.ErrCodecPanic, r)
+		}
+	}()
+	res, err = b.p.Codec.SendBatch(ctx, msgs)
+	if err == nil && len(res) != len(msgs) {
+		return nil, fmt.Errorf("%w: %d results for %d messages", codec.ErrResultCount, len(res), len(msgs))
+	}
+	return res, err
+}
+
