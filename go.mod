@@ -1,6 +1,6 @@
 module github.com/ankusa/sinkbatch
 
-go 1.26.8
+go 1.26.0
 
 require (
 	cloud.google.com/go/pubsub/v2 v2.9.0

@@ -31,7 +31,11 @@
 // messages.ErrBatcherDown or any other retryable error it is sent again with
 // the same key; after a permanent error (codec.IsPermanent) it is not.
 //
-// Each second a progress line goes to stderr. When the load ends the callers
+// Each second a progress line goes to stderr, with the logs: seconds
+// elapsed, deliveries acknowledged per second, and the instance's queued
+// entries and requests in flight, refusals, ErrBatcherDown answers and
+// retries so far, and batchers running. On a terminal it is one line redrawn
+// in place below the logs (see console). When the load ends the callers
 // finish their retries, the instance is stopped with a deadline (its outcome
 // is printed), and the demo prints a table per destination — delivered,
 // requests, entries per request, bisections and refusals as the

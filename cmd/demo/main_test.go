@@ -59,7 +59,7 @@ func TestRun(t *testing.T) {
 	assert.Regexp(t, `idle: pubsub-audit paused \S+; its batcher stopped after \S+ without traffic and started again when it resumed \(batchers 5 -> 4 -> 5\)`, out)
 	assert.Contains(t, out, "stop: every delivery answered")
 	// A progress line a second.
-	assert.Regexp(t, `(?m)^\s+2s  delivered\s+\d+/s  queued`, stderr.String())
+	assert.Regexp(t, `(?m)^\s+2s\s+\d+/s  queued=\d+ inflight=`, stderr.String())
 }
 
 // TestMetrics scrapes /metrics while the demo runs and finds the refusals

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -19,9 +18,10 @@ import (
 const stopTimeout = 10 * time.Second
 
 // run is the demo: it returns the process's exit code. stdout gets the
-// report; stderr the progress lines and logs.
+// report; stderr the progress line and logs.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	stderr = &lockedWriter{w: stderr} // the logger and the progress share it
+	con := newConsole(stderr) // the logger and the progress line share it
+	stderr = con
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		l.dests[d.name] = d
 	}
 	start := time.Now()
-	mon := startMonitor(inst, l, stderr, start)
+	mon := startMonitor(inst, l, con, start)
 	loadCtx, cancelLoad := context.WithTimeout(ctx, o.duration)
 	l.start(loadCtx, p, o.load, srvs.pstest != nil)
 	<-loadCtx.Done()
@@ -99,6 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	l.wg.Wait()
 	giveUp.Stop()
 	samples := mon.stop()
+	con.endProgress()
 	elapsed := time.Since(start)
 
 	// Stop: everything has been answered already, so this is quick; its
@@ -131,18 +132,6 @@ func stopInstance(inst *actors.Instance) error {
 	return inst.Stop(ctx)
 }
 
-// lockedWriter serializes writes from the logger and the progress lines.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
-}
-
 // sample is the instance's batcher count at one moment of the run.
 type sample struct {
 	at       time.Duration
@@ -156,7 +145,7 @@ type monitor struct {
 	stopped chan []sample
 }
 
-func startMonitor(inst *actors.Instance, l *load, w io.Writer, start time.Time) *monitor {
+func startMonitor(inst *actors.Instance, l *load, con *console, start time.Time) *monitor {
 	m := &monitor{done: make(chan struct{}), stopped: make(chan []sample, 1)}
 	go func() {
 		var samples []sample
@@ -181,8 +170,8 @@ func startMonitor(inst *actors.Instance, l *load, w io.Writer, start time.Time) 
 				delivered := l.delivered.Load()
 				rate := float64(delivered-last) / now.Sub(lastAt).Seconds()
 				last, lastAt = delivered, now
-				fmt.Fprintf(w, "%5.0fs  delivered %6.0f/s  queued %5d  in flight %3d  refused %5d  batchers %d  batcher-down %d  retries %d\n",
-					now.Sub(start).Seconds(), rate, s.Queued, s.InFlight, l.refused.Load(), s.Batchers, l.batcherDown.Load(), l.retries.Load())
+				con.progress(fmt.Sprintf("%3.0fs %5.0f/s  queued=%d inflight=%d refused=%d down=%d retries=%d batchers=%d",
+					now.Sub(start).Seconds(), rate, s.Queued, s.InFlight, l.refused.Load(), l.batcherDown.Load(), l.retries.Load(), s.Batchers))
 			}
 		}
 	}()
