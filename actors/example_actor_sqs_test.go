@@ -43,6 +43,8 @@ func ExampleInstance_PID_sqs() {
 	audit, err := sqs.New(sqs.Config{
 		QueueURL: queueURL, AWS: awsCfg,
 		Tuning: codec.Tuning{QueueMax: 4, RetryAfterMax: 20 * time.Millisecond},
+		// kumo leaves out the attribute checksum Amazon SQS sends.
+		AttributeChecksumsOptional: true,
 	})
 	if err != nil {
 		log.Fatal(err)

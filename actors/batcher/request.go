@@ -183,4 +183,3 @@ func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.R
 	}
 	return res, err
 }
-
