@@ -52,6 +52,10 @@ var (
 	// ErrNilCodec answers a Deliver whose Codec is nil (a nil interface, or
 	// a typed nil pointer). Permanent (codec.IsPermanent).
 	ErrNilCodec error = permanentError("sinkbatch: nil codec")
+	// ErrNotDeliver answers a message sent to an instance's PID that is not
+	// a non-nil *Deliver (a Deliver sent by value, a nil pointer, another
+	// type). Permanent.
+	ErrNotDeliver error = permanentError("sinkbatch: an instance takes only a non-nil *messages.Deliver")
 )
 
 // permanentError is a sentinel error that codec.IsPermanent classifies as

@@ -215,10 +215,17 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(c, codec.Result{Err: messages.ErrStopped})
 		return
 	}
+	d := c.deliver
+	if l := listenerOf(d); l != nil && c.sender != nil && !l.Listening(c.sender) {
+		// Its caller gave up while the delivery was on its way: it must
+		// not hold room. (A Listener answers at once; asking the process
+		// registry about every other sender would cost each delivery a
+		// lookup, so those are found by the sweeps.)
+		return
+	}
 	// c stays current until it is queued or answered: if a panic comes in
 	// between (the Recorder is user code), the restart answers it.
 	b.current = c
-	d := c.deliver
 	deadline := b.now + int64(b.p.DefaultTimeout)
 	if !d.Deadline.IsZero() {
 		deadline = unixNano(d.Deadline)

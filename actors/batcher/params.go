@@ -69,7 +69,11 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	orDefault(&t.MaxInflight, sinkConcurrency)
 	orDefault(&t.QueueMax, codec.DefaultQueueMax)
 	orDefault(&t.TenantMax, codec.DefaultTenantMax)
-	orDefault(&t.QueueMaxBytes, codec.DefaultQueueMaxBytes)
+	if t.QueueMaxBytes == 0 {
+		// The default never refuses a message that fits one request:
+		// such a message would be told to retry forever.
+		t.QueueMaxBytes = max(codec.DefaultQueueMaxBytes, int64(t.MaxBytes))
+	}
 	orDefault(&t.Linger, codec.DefaultLinger)
 	orDefault(&t.RetryAfterMax, codec.DefaultRetryAfterMax)
 	orDefault(&t.IdleTimeout, codec.DefaultIdleTimeout)

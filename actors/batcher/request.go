@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
 
@@ -119,34 +120,37 @@ func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.
 	return 1, err
 }
 
-// errGroupHeld answers an entry of a bisected request that was not sent
-// because an earlier entry of its group failed in an earlier half: sending
-// it would store it before the earlier one, which its caller will retry.
-var errGroupHeld = errors.New("sinkbatch: not sent: an earlier message of its group failed in the same request; deliver it again after that one")
-
-// retryableGroups is the set of groups whose message in msgs failed with a
-// retryable error (its caller will send it again), or nil.
-func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]struct{} {
-	var held map[string]struct{}
+// retryableGroups maps each group whose first failed message in msgs
+// failed with a retryable error (its caller will send it again) to that
+// message's IdempotencyKey; nil when there is none.
+func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]string {
+	var held map[string]string
 	for i, r := range out {
-		if r.Err != nil && msgs[i].Group != "" && !codec.IsPermanent(r.Err) {
-			if held == nil {
-				held = make(map[string]struct{})
-			}
-			held[msgs[i].Group] = struct{}{}
+		g := msgs[i].Group
+		if r.Err == nil || g == "" || codec.IsPermanent(r.Err) {
+			continue
+		}
+		if held == nil {
+			held = make(map[string]string)
+		}
+		if _, seen := held[g]; !seen {
+			held[g] = msgs[i].IdempotencyKey
 		}
 	}
 	return held
 }
 
 // bisectHolding is bisect for the messages of msgs whose group is not in
-// held; the others are answered errGroupHeld and never sent.
-func (b *Batcher) bisectHolding(ctx context.Context, msgs []codec.Message, out []codec.Result, held map[string]struct{}) (int, error) {
+// held. The others are never sent: an earlier message of their group failed
+// in an earlier half, and sending them would store them before it, which
+// its caller will retry. They are answered *messages.GroupPausedError
+// (retryable) naming that message's key.
+func (b *Batcher) bisectHolding(ctx context.Context, msgs []codec.Message, out []codec.Result, held map[string]string) (int, error) {
 	var send []codec.Message
 	var at []int
 	for i, m := range msgs {
-		if _, ok := held[m.Group]; ok && m.Group != "" {
-			out[i] = codec.Result{Err: errGroupHeld}
+		if key, ok := held[m.Group]; ok && m.Group != "" {
+			out[i] = codec.Result{Err: &messages.GroupPausedError{Group: m.Group, Key: key}}
 			continue
 		}
 		send, at = append(send, m), append(at, i)

@@ -328,8 +328,17 @@ type router struct{ s *Supervisor }
 func (r *router) SendUserMessage(_ *actor.PID, message any) {
 	_, msg, sender := actor.UnwrapEnvelope(message)
 	d, ok := msg.(*messages.Deliver)
-	if !ok {
-		r.s.log.Warn("sinkbatch: the instance takes only *messages.Deliver", slog.String("type", fmt.Sprintf("%T", msg)))
+	if !ok || d == nil {
+		// Answer the sender, if any: it would otherwise wait for its own
+		// timeout. A Deliver sent by value keeps its Ref.
+		r.s.log.Warn("sinkbatch: the instance takes only a non-nil *messages.Deliver", slog.String("type", fmt.Sprintf("%T", msg)))
+		if sender != nil {
+			var ref any
+			if v, isValue := msg.(messages.Deliver); isValue {
+				ref = v.Ref
+			}
+			r.s.system.Root.Send(sender, &messages.Delivered{Ref: ref, Err: messages.ErrNotDeliver})
+		}
 		return
 	}
 	r.s.route(message, d, sender)
