@@ -320,10 +320,10 @@ func bodyID(m codec.Message) string {
 // The codec values: pointers and values, with and without Validate. All of
 // a dest's values are one destination.
 type (
-	ptrCodec       struct{ d *dest }
-	ptrValidating  struct{ d *dest }
-	valCodec       struct{ d *dest }
-	valValidating  struct{ d *dest }
+	ptrCodec      struct{ d *dest }
+	ptrValidating struct{ d *dest }
+	valCodec      struct{ d *dest }
+	valValidating struct{ d *dest }
 )
 
 func (c *ptrCodec) Name() string         { return c.d.Name() }

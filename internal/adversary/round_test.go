@@ -2,11 +2,11 @@ package adversary_test
 
 import (
 	"context"
-	"strings"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,8 +97,8 @@ func (r *round) on(feature string) bool { return !r.skip[feature] }
 type call struct {
 	r        *round
 	id       uint64
-	form     string // deliver, actor, pipelined, future
-	d        *dest  // nil: a nil codec
+	form     string      // deliver, actor, pipelined, future
+	d        *dest       // nil: a nil codec
 	codecVal codec.Codec // nil, or a typed nil, for the nil codec
 	typedNil bool
 	start    time.Time
