@@ -1,0 +1,128 @@
+package adversary_test
+
+// Focused reproductions of what TestAdversary found, one promise each,
+// through the public API.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// answerWithin is a bound a loaded machine cannot miss for an answer that
+// needs no request: it tells an answer from a wait for a deadline.
+const answerWithin = 5 * time.Second
+
+// A codec whose Limits.MaxBytes is above the default QueueMaxBytes (128 MiB),
+// with QueueMaxBytes left zero, passes Tuning.Check; a message larger than
+// the default queue bound but within MaxBytes can then never be queued, and
+// its caller is told to retry it forever.
+func TestDefaultQueueMaxBytesBelowMaxBytes(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "bigbytes"})
+	c := fakecodec.New("big", codec.Limits{MaxEntries: 10, MaxBytes: 256 << 20})
+	c.SizeHook = func(codec.Message) int { return 200 << 20 } // the codec's own count
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+		_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+		cancel()
+		var ra *messages.RetryAfterError
+		require.Falsef(t, errorsAs(err, &ra), "a message within MaxBytes that no empty queue can take is answered %v: retried forever", err)
+	}
+}
+
+// A Name, Identity, Limits or Tuning that panics while the destination is
+// resolved is answered with an error that wraps neither codec.ErrCodecPanic
+// nor anything codec.IsPermanent knows: a caller cannot branch on it.
+func TestMetaPanicIsClassified(t *testing.T) {
+	for _, method := range []string{"Name", "Identity", "Limits", "Tuning"} {
+		t.Run(method, func(t *testing.T) {
+			_, inst := testinst.Start(t, actors.Config{Name: "meta" + method})
+			d := &metaPanicker{method: method}
+			ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+			defer cancel()
+			_, err := inst.Deliver(ctx, d, codec.Message{Body: []byte("x")})
+			require.Error(t, err)
+			assert.ErrorIs(t, err, codec.ErrCodecPanic, "%q", err)
+			assert.True(t, codec.IsPermanent(err), "%q is retryable: a codec that always panics is retried forever", err)
+		})
+	}
+}
+
+// metaPanicker is a pointer codec that panics in one of its describing
+// methods, every time.
+type metaPanicker struct{ method string }
+
+func (c *metaPanicker) boom(m string) {
+	if c.method == m {
+		panic("adversary: " + m + " panics")
+	}
+}
+func (c *metaPanicker) Name() string         { c.boom("Name"); return "meta" }
+func (c *metaPanicker) Identity() []byte     { c.boom("Identity"); return []byte("meta") }
+func (c *metaPanicker) Limits() codec.Limits { c.boom("Limits"); return codec.Limits{MaxEntries: 1, MaxBytes: 100} }
+func (c *metaPanicker) Tuning() codec.Tuning { c.boom("Tuning"); return codec.Tuning{} }
+func (c *metaPanicker) Size(m codec.Message) int {
+	return len(m.Body)
+}
+func (c *metaPanicker) SendBatch(context.Context, []codec.Message) ([]codec.Result, error) {
+	return nil, fmt.Errorf("adversary: never sent")
+}
+
+// A Tuning that Tuning.Check refuses answers every delivery with an error
+// that names the field, but that error is not permanent: a caller that
+// follows the error table retries a delivery that can never succeed.
+func TestRefusedTuningIsPermanent(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "badtuning"})
+	c := fakecodec.New("bad", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
+	c.Tune = codec.Tuning{MaxBytes: 1000, QueueMaxBytes: 500}
+	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+	defer cancel()
+	_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+	require.ErrorContains(t, err, "Tuning.QueueMaxBytes")
+	assert.True(t, codec.IsPermanent(err), "%q is retryable", err)
+}
+
+// Issue #10 item 9, confirmed: a Name that panics when the supervisor
+// spawns the batcher (its second call; the first, when the destination was
+// resolved, passed) crashes the supervisor actor, and the delivery it held
+// is never answered.
+func TestNamePanicInSpawn(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "namespawn"})
+	c := &nameOnce{}
+	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+	defer cancel()
+	_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+	require.Error(t, err, "the codec's Name panics from its second call on")
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the delivery was held and never answered: %v", err)
+}
+
+// nameOnce is a codec whose Name panics after its first call.
+type nameOnce struct{ calls atomic.Int64 }
+
+func (c *nameOnce) Name() string {
+	if c.calls.Add(1) > 1 {
+		panic("adversary: Name panics after its first call")
+	}
+	return "nameonce"
+}
+func (c *nameOnce) Identity() []byte         { return []byte("nameonce") }
+func (c *nameOnce) Limits() codec.Limits     { return codec.Limits{MaxEntries: 1, MaxBytes: 100} }
+func (c *nameOnce) Tuning() codec.Tuning     { return codec.Tuning{} }
+func (c *nameOnce) Size(m codec.Message) int { return len(m.Body) }
+func (c *nameOnce) SendBatch(_ context.Context, b []codec.Message) ([]codec.Result, error) {
+	return make([]codec.Result, len(b)), nil
+}
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
