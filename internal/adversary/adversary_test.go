@@ -20,6 +20,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/testinst"
+	"github.com/ankusa/sinkbatch/messages"
 )
 
 var (
@@ -33,7 +34,7 @@ var (
 // features can each be left out with -adversary.skip, to look past a known
 // failure for the next one.
 var features = []string{
-	"nilcodec", "nilctx", "pastdeadline", "farfuture", "cancel", "valuecodec", "manycodecs",
+	"nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
 	"block", "adaptive", "nosender", "futures",
@@ -279,6 +280,7 @@ func (r *round) run() {
 		noSenders = rng.IntN(2)
 	}
 	r.callers = goCallers + owners + actorDrivers + pipelined + futures + noSenders
+	r.noSenders = noSenders
 	var pids []*actor.PID
 	for range 1 + rng.IntN(4) {
 		pids = append(pids, r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &callerActor{r: r} })))
@@ -309,6 +311,7 @@ func (r *round) run() {
 		if !r.waitAnswered(time.Now().Add(10 * time.Second)) {
 			r.violate("unanswered-quiesce", "callers still waiting 10s after the traffic ended (before Stop)")
 		}
+		r.trickle()
 		r.checkIdle()
 		stopAt = time.Now()
 	}
@@ -330,12 +333,31 @@ func (r *round) run() {
 	r.stopCalled.Store(time.Now().UnixNano())
 	stopped := make(chan error, 1)
 	go func() { stopped <- inst.Stop(stopCtx) }()
+	second := make(chan struct{})
+	if rng.IntN(4) == 0 {
+		// A second Stop, with a ctx of its own: it waits for the first, or
+		// returns when its own ctx ends.
+		d := time.Duration(rng.Int64N(int64(200 * time.Millisecond)))
+		go func() {
+			defer close(second)
+			ctx, cancel := context.WithTimeout(context.Background(), d)
+			defer cancel()
+			start := time.Now()
+			_ = inst.Stop(ctx)
+			if took := time.Since(start); took > d+r.slack && took > stopTimeout+r.slack {
+				r.violate("second-stop-late", "a second Stop with a %v ctx returned after %v (the first had %v)", d, took, stopTimeout)
+			}
+		}()
+	} else {
+		close(second)
+	}
 	select {
 	case r.stopErr = <-stopped:
 	case <-time.After(stopTimeout + r.slack + 5*time.Second):
 		r.violate("stop-hangs", "Stop with a %v ctx has not returned %v after its ctx ended", stopTimeout, r.slack+5*time.Second)
 	}
 	stopCancel()
+	<-second
 	now := time.Now()
 	r.stopReturned.Store(now.UnixNano())
 	if r.stopErr == nil {
@@ -407,6 +429,26 @@ func (r *round) waitAnswered(until time.Time) bool {
 			}
 		}
 		seen += len(calls)
+	}
+}
+
+// trickle sends, for a few tens of milliseconds, deliveries that are
+// answered without being queued (too large), as the traffic of a destination
+// that is otherwise idle.
+func (r *round) trickle() {
+	rng := rand.New(rand.NewPCG(r.seed, 5000))
+	end := time.Now().Add(time.Duration(10+rng.IntN(40)) * time.Millisecond)
+	for time.Now().Before(end) {
+		d := r.dests[rng.IntN(len(r.dests))]
+		c := r.newCall(rng, "trickle", d, "", 0, 0)
+		big := make([]byte, d.resolved.MaxBytes+1)
+		copy(big, c.msg.Body)
+		for i := len(c.msg.Body); i < len(big); i++ {
+			big[i] = 'x'
+		}
+		c.msg.Body = big
+		r.goDeliver(rng, c)
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
 	}
 }
 
@@ -545,6 +587,71 @@ func (r *round) check() {
 	}
 	for owner, calls := range owners {
 		r.checkOrder(owner, calls)
+	}
+	r.checkFull()
+}
+
+// checkFull: a delivery refused for a full queue (RetryAfterError) must have
+// found the bound reached by callers that still waited. A caller that had
+// its answer, or gave up (cancelled, or its deadline passed), before the
+// refused delivery was made holds no room: the batcher sweeps such entries
+// before it refuses. Every other call to the destination made before the
+// refusal is counted as holding room, which over-counts; deliveries nobody
+// waits for hold room that no call shows, so rounds with them are not
+// checked. Up to 200 refusals a round are checked.
+func (r *round) checkFull() {
+	if r.noSenders > 0 {
+		return
+	}
+	byDest := map[*dest][]*call{}
+	var refused []*call
+	for _, c := range r.calls {
+		if c.d == nil {
+			continue
+		}
+		byDest[c.d] = append(byDest[c.d], c)
+		c.mu.Lock()
+		full := c.n > 0 && outcome(c.err) == "full"
+		c.mu.Unlock()
+		if full {
+			refused = append(refused, c)
+		}
+	}
+	r.rng.Shuffle(len(refused), func(i, j int) { refused[i], refused[j] = refused[j], refused[i] })
+	for _, f := range refused[:min(len(refused), 200)] {
+		var ra *messages.RetryAfterError
+		errors.As(f.err, &ra)
+		live, tenant, bytes := 0, 0, int64(counted(f.msg))
+		for _, c := range byDest[f.d] {
+			if c == f || !c.start.Before(f.at) {
+				continue
+			}
+			c.mu.Lock()
+			gone := c.n > 0 && c.at.Before(f.start)
+			c.mu.Unlock()
+			if gone {
+				continue
+			}
+			live++
+			bytes += int64(counted(c.msg))
+			if c.msg.Tenant == f.msg.Tenant {
+				tenant++
+			}
+		}
+		t := f.d.resolved
+		var room bool
+		switch ra.Reason {
+		case messages.FullEntries:
+			room = live < t.QueueMax
+		case messages.FullBytes:
+			room = bytes <= t.QueueMaxBytes
+		case messages.FullTenant:
+			room = t.TenantMax > 0 && tenant < t.TenantMax
+		}
+		if room {
+			r.violate("full-with-room", "%s: refused %v while at most %d callers of the destination still waited (%d of its tenant, %d bytes with it); QueueMax %d, QueueMaxBytes %d, TenantMax %d",
+				f.describe(), ra, live, tenant, bytes, t.QueueMax, t.QueueMaxBytes, t.TenantMax)
+		}
 	}
 }
 

@@ -82,7 +82,7 @@ func (r *round) goroutineCaller(idx int, owner bool) {
 
 // pickDest picks a destination, or nil (a nil codec) now and then.
 func (r *round) pickDest(rng *rand.Rand) *dest {
-	if r.on("nilcodec") && rng.IntN(100) == 0 {
+	if (r.on("nilcodec") || r.on("typednil")) && rng.IntN(100) == 0 {
 		return nil
 	}
 	return r.dests[rng.IntN(len(r.dests))]
@@ -101,7 +101,12 @@ func (r *round) goDeliver(rng *rand.Rand, c *call) error {
 	}
 	defer cancel()
 	if r.on("cancel") && rng.IntN(100) < 12 {
-		t := time.AfterFunc(time.Duration(rng.Int64N(int64(30*time.Millisecond))), func() {
+		// Some cancels land as the answer does: Deliver then sees both.
+		after := time.Duration(rng.Int64N(int64(30 * time.Millisecond)))
+		if rng.IntN(3) == 0 {
+			after = time.Duration(rng.Int64N(int64(100 * time.Microsecond)))
+		}
+		t := time.AfterFunc(after, func() {
 			c.cancelAt.Store(time.Now().UnixNano())
 			cancel()
 		})

@@ -133,7 +133,7 @@ func (d *dest) Validate(m codec.Message) error {
 }
 
 func (d *dest) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-	call := d.begin(batch)
+	call := d.begin(ctx, batch)
 	defer d.end(batch)
 	if lat := d.durN(d.f.latency); lat > 0 {
 		t := time.NewTimer(lat)
@@ -195,7 +195,7 @@ func (d *dest) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Re
 
 // begin checks a request against the bounds the batcher promises and notes
 // where each message was first sent. It returns the call's number.
-func (d *dest) begin(batch []codec.Message) int {
+func (d *dest) begin(ctx context.Context, batch []codec.Message) int {
 	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -221,8 +221,10 @@ func (d *dest) begin(batch []codec.Message) int {
 	if bytes > d.resolved.MaxBytes {
 		r.violate("bound-bytes", "%s: %d bytes, MaxBytes %d", d.name, bytes, d.resolved.MaxBytes)
 	}
-	if ret := r.stopReturned.Load(); ret != 0 && now.UnixNano() > ret {
-		r.violate("sent-after-stop", "%s: request %d started %v after Stop returned", d.name, call, time.Duration(now.UnixNano()-ret))
+	// After Stop returns, no request starts; one whose goroutine began
+	// before may still, but with its ctx cancelled when Stop's ctx ended.
+	if ret := r.stopReturned.Load(); ret != 0 && now.UnixNano() > ret && (ctx.Err() == nil || r.stopErr == nil) {
+		r.violate("sent-after-stop", "%s: request %d started %v after Stop returned %v, its ctx not cancelled (%v)", d.name, call, time.Duration(now.UnixNano()-ret), r.stopErr, ctx.Err())
 	}
 	seen := map[string]bool{}
 	for i, m := range batch {

@@ -64,6 +64,7 @@ type round struct {
 	// Set by run and check, read by report.
 	conc        int
 	callers     int
+	noSenders   int
 	stopTimeout time.Duration
 	stopErr     error
 	answered    int
@@ -179,7 +180,7 @@ func (r *round) newCall(rng *rand.Rand, form string, d *dest, owner string, owne
 		c.body = bodyID(c.msg)
 	} else {
 		c.msg = codec.Message{Body: []byte(fmt.Sprintf(".%d:", c.id))}
-		if rng.IntN(2) == 0 {
+		if r.on("typednil") && (!r.on("nilcodec") || rng.IntN(2) == 0) {
 			c.codecVal, c.typedNil = (*ptrCodec)(nil), true
 		}
 	}
