@@ -126,3 +126,43 @@ func (c *nameOnce) SendBatch(_ context.Context, b []codec.Message) ([]codec.Resu
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// A nil *messages.Deliver sent to the instance's PID panics on the sender's
+// goroutine (the PID's process runs there): a caller actor crashes, a plain
+// goroutine takes the process down. Bad input should get a clear error.
+func TestNilDeliverPointer(t *testing.T) {
+	system, inst := testinst.Start(t, actors.Config{Name: "nildeliver"})
+	var res any
+	var err error
+	require.NotPanics(t, func() {
+		res, err = system.Root.RequestFuture(inst.PID(), (*messages.Deliver)(nil), answerWithin).Result()
+	})
+	require.NoError(t, err, "no answer")
+	d, ok := res.(*messages.Delivered)
+	require.True(t, ok, "%T", res)
+	assert.Error(t, d.Err)
+}
+
+// A messages.Deliver sent by value (a slip of a missing &) is logged and
+// dropped: its sender waits for an answer that never comes.
+func TestDeliverByValueIsAnswered(t *testing.T) {
+	system, inst := testinst.Start(t, actors.Config{Name: "byvalue"})
+	c := fakecodec.New("byvalue", codec.Limits{MaxEntries: 1, MaxBytes: 100})
+	res, err := system.Root.RequestFuture(inst.PID(), messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("x")}}, answerWithin).Result()
+	require.NoError(t, err, "no answer within %v", answerWithin)
+	d, ok := res.(*messages.Delivered)
+	require.True(t, ok, "%T", res)
+	assert.Error(t, d.Err)
+}
+
+// messages.ErrNilCodec answers "a nil interface, or a typed nil pointer";
+// a typed nil pointer codec is answered with its Name's panic instead
+// ("sinkbatch: codec *T panicked: runtime error: invalid memory address"),
+// which is neither ErrNilCodec nor permanent.
+func TestTypedNilCodec(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "typednil"})
+	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+	defer cancel()
+	_, err := inst.Deliver(ctx, (*fakecodec.Codec)(nil), codec.Message{Body: []byte("x")})
+	assert.ErrorIs(t, err, messages.ErrNilCodec)
+}
