@@ -29,12 +29,41 @@ var (
 	flagRounds   = flag.Int("adversary.rounds", 0, "run exactly this many rounds, whatever the duration")
 	flagSkip     = flag.String("adversary.skip", "", "comma-separated features to leave out: "+strings.Join(features, ","))
 	flagSlack    = flag.Duration("adversary.slack", 2*time.Second, "how late past its bound an answer may come (a loaded machine)")
+	flagUnfixed  = flag.Bool("adversary.unfixed", false, "also run the features and tests that find bugs main has not fixed yet (see unfixed)")
 )
+
+// unfixed are the features that find bugs main has not fixed yet, and the
+// checks that fail because of them: the default run leaves them out, so that
+// it finds the next bug rather than these again. Run with -adversary.unfixed
+// to see them fail; delete an entry when its fix lands.
+var unfixed = map[string]string{
+	"farfuture":     "issue #10 item 6: a deadline after 2262 is taken as passed (expired-early)",
+	"nilctx":        "issue #10 item 8: Deliver(nil ctx) panics (deliver-panicked)",
+	"nilcodec":      "issue #10 item 3: a nil codec and a cancel that races its answer panic in Deliver (deliver-panicked)",
+	"panicsize":     "issue #10 item 7: a panicking Size restarts the batcher (batcher-down)",
+	"panicvalidate": "issue #10 item 7: a panicking Validate restarts the batcher (batcher-down)",
+	"stopearly":     "issue #10 item 2: Stop with a short ctx leaves callers unanswered (never-answered)",
+	"valuecodec":    "issue #10 item 4: callers of a value codec that gave up keep their room (full-with-room)",
+	"manycodecs":    "issue #10 item 4: callers of the 65th pointer codec value that gave up keep their room (full-with-room)",
+	"quiesce":       "issue #10 item 1: a batcher under a trickle of refused deliveries never stops idle (idle-never-stops)",
+	"panicmeta":     "issue #10 item 9 (Name panicking in spawn: never-answered) and TestMetaPanicIsClassified (meta-panic-unwrapped)",
+	"typednil":      "TestTypedNilCodec: a typed nil codec is not answered ErrNilCodec (nilcodec-answer)",
+	"badtuning":     "TestRefusedTuningIsPermanent: a refused Tuning is answered with a retryable error (config-not-permanent)",
+}
+
+// skipUnfixed skips a focused test of a bug main has not fixed yet, unless
+// -adversary.unfixed is set.
+func skipUnfixed(t *testing.T, why string) {
+	t.Helper()
+	if !*flagUnfixed {
+		t.Skip("bug: " + why + " — not fixed on main yet; run with -adversary.unfixed")
+	}
+}
 
 // features can each be left out with -adversary.skip, to look past a known
 // failure for the next one.
 var features = []string{
-	"nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "valuecodec", "manycodecs",
+	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
 	"block", "adaptive", "nosender", "futures",
@@ -47,6 +76,8 @@ const shortRun = 12 * time.Second
 type totals struct {
 	rounds, failed, callers, calls, answered, acked int
 	restarts, supRestarts, idleStops, requests      int
+	excused                                         int
+	worstStall                                      time.Duration
 	outcomes                                        map[string]int
 	kinds                                           map[string]uint64 // violation kind → first seed
 }
@@ -61,6 +92,14 @@ func TestAdversary(t *testing.T) {
 		if f = strings.TrimSpace(f); f != "" {
 			require.Contains(t, features, f, "-adversary.skip: unknown feature")
 			skip[f] = true
+		}
+	}
+	if !*flagUnfixed {
+		for f, why := range unfixed {
+			if !skip[f] {
+				skip[f] = true
+				t.Logf("leaving out %s: %s", f, why)
+			}
 		}
 	}
 	budget := shortRun
@@ -93,9 +132,11 @@ func TestAdversary(t *testing.T) {
 	for _, k := range sortedKeys(tot.kinds) {
 		kinds = append(kinds, fmt.Sprintf("%s(seed %d)", k, tot.kinds[k]))
 	}
-	fmt.Printf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts, %d supervisor restarts, %d idle stops; %s; broken: [%s]\n",
+	line := fmt.Sprintf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts, %d supervisor restarts, %d idle stops, worst stall %v (%d late answers excused); %s; broken: [%s]",
 		seed, tot.rounds, tot.failed, tot.callers, tot.calls, tot.answered, tot.acked, tot.requests,
-		tot.restarts, tot.supRestarts, tot.idleStops, strings.Join(out, ", "), strings.Join(kinds, " "))
+		tot.restarts, tot.supRestarts, tot.idleStops, tot.worstStall, tot.excused, strings.Join(out, ", "), strings.Join(kinds, " "))
+	fmt.Println(line)
+	t.Log(line)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -113,7 +154,7 @@ func newRound(t *testing.T, seed uint64, skip map[string]bool, slack time.Durati
 		t: t, seed: seed, rng: rng, slack: slack, skip: skip,
 		name:           fmt.Sprintf("adv%d", seed),
 		defaultTimeout: time.Duration(50+rng.IntN(950)) * time.Millisecond,
-		quiesce:        rng.IntN(3) == 0,
+		quiesce:        !skip["quiesce"] && rng.IntN(3) == 0,
 		traffic:        time.Duration(200+rng.IntN(800)) * time.Millisecond,
 		pFlag:          rng.Float64() * 0.15,
 		byID:           map[uint64]*call{},
@@ -266,8 +307,9 @@ func (r *round) run() {
 	r.start = time.Now()
 
 	sampled := make(chan struct{})
-	samplerDone := make(chan struct{})
+	samplerDone, watchDone := make(chan struct{}), make(chan struct{})
 	go r.sample(sampled, samplerDone)
+	go r.stalls.watch(sampled, watchDone)
 
 	var wg sync.WaitGroup
 	goCallers, owners := 4+rng.IntN(28), 1+rng.IntN(6)
@@ -379,6 +421,7 @@ func (r *round) run() {
 	wg.Wait()
 	close(sampled)
 	<-samplerDone
+	<-watchDone
 
 	deadline := time.Now().Add(r.slack)
 	for inst.Stats() != (actors.Stats{}) && time.Now().Before(deadline) {
@@ -545,7 +588,23 @@ func (r *round) check() {
 			r.violate("answered-twice", "%s: %d answers", c.describe(), n)
 		}
 		if b := c.bound(); at.After(b) {
-			r.violate("late", "%s: answered %v after its bound (%v): %v", c.describe(), at.Sub(b), outcome(err), err)
+			if stood := r.stalls.within(c.start, at); at.Sub(b) > stood {
+				r.violate("late", "%s: answered %v after its bound (%v): %v", c.describe(), at.Sub(b), outcome(err), err)
+			} else {
+				r.excused++
+			}
+		}
+		if sent := c.sentAt.Load(); sent != 0 {
+			s := time.Unix(0, sent)
+			if dl := c.deadline; !dl.IsZero() && s.After(dl.Add(r.slack)) && s.Sub(dl.Add(r.slack)) > r.stalls.within(dl, s) {
+				r.violate("sent-after-deadline", "%s: sent %v after its deadline", c.describe(), s.Sub(dl))
+			}
+			if ca := c.cancelAt.Load(); ca != 0 {
+				cancelled := time.Unix(0, ca)
+				if s.After(cancelled.Add(r.slack)) && s.Sub(cancelled.Add(r.slack)) > r.stalls.within(cancelled, s) {
+					r.violate("sent-after-cancel", "%s: sent %v after its caller cancelled", c.describe(), s.Sub(cancelled))
+				}
+			}
 		}
 		o := outcome(err)
 		r.outcomes[o]++
@@ -702,9 +761,11 @@ func (r *round) report(tot *totals) {
 	}
 	restarts := r.logs.count("sinkbatch: batcher crashed; restarting it")
 	idle := r.logs.count("sinkbatch: batcher stopped idle")
-	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts, %d supervisor restarts, %d idle stops, quiesce %v, Stop(%v) = %v, max %+v, outcomes %v",
+	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts, %d supervisor restarts, %d idle stops, quiesce %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
 		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.supRest.Load(), idle,
-		r.quiesce, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes)
+		r.quiesce, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
+	tot.worstStall = max(tot.worstStall, r.stalls.worst())
+	tot.excused += r.excused
 	tot.rounds++
 	tot.callers += r.callers
 	tot.calls += len(r.calls)

@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -30,6 +32,7 @@ const answerWithin = 5 * time.Second
 // the default queue bound but within MaxBytes can then never be queued, and
 // its caller is told to retry it forever.
 func TestDefaultQueueMaxBytesBelowMaxBytes(t *testing.T) {
+	skipUnfixed(t, "the default QueueMaxBytes below Limits.MaxBytes refuses a fitting message forever")
 	_, inst := testinst.Start(t, actors.Config{Name: "bigbytes"})
 	c := fakecodec.New("big", codec.Limits{MaxEntries: 10, MaxBytes: 256 << 20})
 	c.SizeHook = func(codec.Message) int { return 200 << 20 } // the codec's own count
@@ -46,6 +49,7 @@ func TestDefaultQueueMaxBytesBelowMaxBytes(t *testing.T) {
 // resolved is answered with an error that wraps neither codec.ErrCodecPanic
 // nor anything codec.IsPermanent knows: a caller cannot branch on it.
 func TestMetaPanicIsClassified(t *testing.T) {
+	skipUnfixed(t, "a panic in Name, Identity, Limits or Tuning is answered with an unclassified error")
 	for _, method := range []string{"Name", "Identity", "Limits", "Tuning"} {
 		t.Run(method, func(t *testing.T) {
 			_, inst := testinst.Start(t, actors.Config{Name: "meta" + method})
@@ -69,9 +73,12 @@ func (c *metaPanicker) boom(m string) {
 		panic("adversary: " + m + " panics")
 	}
 }
-func (c *metaPanicker) Name() string         { c.boom("Name"); return "meta" }
-func (c *metaPanicker) Identity() []byte     { c.boom("Identity"); return []byte("meta") }
-func (c *metaPanicker) Limits() codec.Limits { c.boom("Limits"); return codec.Limits{MaxEntries: 1, MaxBytes: 100} }
+func (c *metaPanicker) Name() string     { c.boom("Name"); return "meta" }
+func (c *metaPanicker) Identity() []byte { c.boom("Identity"); return []byte("meta") }
+func (c *metaPanicker) Limits() codec.Limits {
+	c.boom("Limits")
+	return codec.Limits{MaxEntries: 1, MaxBytes: 100}
+}
 func (c *metaPanicker) Tuning() codec.Tuning { c.boom("Tuning"); return codec.Tuning{} }
 func (c *metaPanicker) Size(m codec.Message) int {
 	return len(m.Body)
@@ -84,6 +91,7 @@ func (c *metaPanicker) SendBatch(context.Context, []codec.Message) ([]codec.Resu
 // that names the field, but that error is not permanent: a caller that
 // follows the error table retries a delivery that can never succeed.
 func TestRefusedTuningIsPermanent(t *testing.T) {
+	skipUnfixed(t, "a refused Tuning is answered with a retryable error")
 	_, inst := testinst.Start(t, actors.Config{Name: "badtuning"})
 	c := fakecodec.New("bad", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
 	c.Tune = codec.Tuning{MaxBytes: 1000, QueueMaxBytes: 500}
@@ -99,6 +107,7 @@ func TestRefusedTuningIsPermanent(t *testing.T) {
 // resolved, passed) crashes the supervisor actor, and the delivery it held
 // is never answered.
 func TestNamePanicInSpawn(t *testing.T) {
+	skipUnfixed(t, "issue #10 item 9: Name panicking in spawn leaves the delivery unanswered")
 	_, inst := testinst.Start(t, actors.Config{Name: "namespawn"})
 	c := &nameOnce{}
 	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
@@ -131,6 +140,7 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 // goroutine (the PID's process runs there): a caller actor crashes, a plain
 // goroutine takes the process down. Bad input should get a clear error.
 func TestNilDeliverPointer(t *testing.T) {
+	skipUnfixed(t, "a nil *messages.Deliver panics on the sender's goroutine")
 	system, inst := testinst.Start(t, actors.Config{Name: "nildeliver"})
 	var res any
 	var err error
@@ -146,6 +156,7 @@ func TestNilDeliverPointer(t *testing.T) {
 // A messages.Deliver sent by value (a slip of a missing &) is logged and
 // dropped: its sender waits for an answer that never comes.
 func TestDeliverByValueIsAnswered(t *testing.T) {
+	skipUnfixed(t, "a messages.Deliver sent by value is never answered")
 	system, inst := testinst.Start(t, actors.Config{Name: "byvalue"})
 	c := fakecodec.New("byvalue", codec.Limits{MaxEntries: 1, MaxBytes: 100})
 	res, err := system.Root.RequestFuture(inst.PID(), messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("x")}}, answerWithin).Result()
@@ -160,9 +171,94 @@ func TestDeliverByValueIsAnswered(t *testing.T) {
 // ("sinkbatch: codec *T panicked: runtime error: invalid memory address"),
 // which is neither ErrNilCodec nor permanent.
 func TestTypedNilCodec(t *testing.T) {
+	skipUnfixed(t, "a typed nil codec is not answered ErrNilCodec")
 	_, inst := testinst.Start(t, actors.Config{Name: "typednil"})
 	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
 	defer cancel()
 	_, err := inst.Deliver(ctx, (*fakecodec.Codec)(nil), codec.Message{Body: []byte("x")})
 	assert.ErrorIs(t, err, messages.ErrNilCodec)
+}
+
+// A Deliver caller that gives up while its delivery is still in the
+// batcher's mailbox leaves a dead entry: the batcher admits it without
+// asking whether its caller still waits. Its cancel was counted before the
+// batcher's last sweep, so the next refusal does not sweep again, and the
+// dead entry holds its room until its deadline or until a batch reaches it.
+// Here TenantMax is 1: F is refused with FullTenant while the only entry of
+// its tenant belongs to a caller that is gone.
+func TestDeadOnArrivalHoldsRoom(t *testing.T) {
+	skipUnfixed(t, "a delivery whose caller gave up before it was admitted holds room past the next refusal")
+	system, inst := testinst.Start(t, actors.Config{Name: "deadonarrival"})
+	c := &gatedValidator{release: make(chan struct{}), validating: make(chan struct{})}
+	deliver := func(tenant, body string, deadline time.Time) *actor.Future {
+		return system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Tenant: tenant, Body: []byte(body)}, Deadline: deadline}, answerWithin)
+	}
+	hour := time.Now().Add(time.Hour)
+	deliver("t", "P", hour) // queued: tenant t is full
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, answerWithin, time.Millisecond)
+	deliver("a", "A", hour) // the batcher waits in Validate(A) until released
+	<-c.validating
+	z := deliver("t", "Z", hour) // refused when the batcher goes on: it sweeps then
+	// X's delivery is in the mailbox behind Z; its caller gives up at once.
+	_, err := inst.Deliver(&cancelInSelect{Context: context.Background(), ch: make(chan struct{})}, c, codec.Message{Tenant: "u", Body: []byte("X")})
+	require.ErrorIs(t, err, context.Canceled)
+	f := deliver("u", "F", time.Now().Add(500*time.Millisecond))
+	close(c.release)
+
+	res, err := z.Result()
+	require.NoError(t, err)
+	var ra *messages.RetryAfterError
+	require.ErrorAs(t, res.(*messages.Delivered).Err, &ra, "Z finds tenant t full")
+	res, err = f.Result()
+	require.NoError(t, err)
+	assert.False(t, errorsAs(res.(*messages.Delivered).Err, &ra), "F is refused (%v) while the only entry of its tenant is X's, whose caller is gone", res.(*messages.Delivered).Err)
+}
+
+// gatedValidator is a codec whose Validate of the body "A" waits until
+// release is closed, holding the batcher's Receive; it lingers an hour.
+type gatedValidator struct {
+	release    chan struct{}
+	validating chan struct{}
+	once       sync.Once
+}
+
+func (c *gatedValidator) Name() string     { return "gated" }
+func (c *gatedValidator) Identity() []byte { return []byte("gated") }
+func (c *gatedValidator) Limits() codec.Limits {
+	return codec.Limits{MaxEntries: 10, MaxBytes: 100}
+}
+func (c *gatedValidator) Tuning() codec.Tuning {
+	return codec.Tuning{Linger: time.Hour, TenantMax: 1}
+}
+func (c *gatedValidator) Size(m codec.Message) int { return len(m.Body) }
+func (c *gatedValidator) Validate(m codec.Message) error {
+	if string(m.Body) == "A" {
+		c.once.Do(func() { close(c.validating) })
+		<-c.release
+	}
+	return nil
+}
+func (c *gatedValidator) SendBatch(_ context.Context, b []codec.Message) ([]codec.Result, error) {
+	return make([]codec.Result, len(b)), nil
+}
+
+// cancelInSelect is a ctx that is cancelled the moment Deliver waits on it:
+// after Deliver has sent its delivery, before any answer can come.
+type cancelInSelect struct {
+	context.Context
+	ch   chan struct{}
+	once sync.Once
+	done atomic.Bool
+}
+
+func (c *cancelInSelect) Done() <-chan struct{} {
+	c.once.Do(func() { c.done.Store(true); close(c.ch) })
+	return c.ch
+}
+
+func (c *cancelInSelect) Err() error {
+	if c.done.Load() {
+		return context.Canceled
+	}
+	return nil
 }
