@@ -613,8 +613,6 @@ func (r *round) check() {
 			}
 		case o == "other":
 			r.violate("unclassified-error", "%s: %v (%T)", c.describe(), err, err)
-		case o == "groupheld" && *flagUnfixed:
-			r.violate("group-held-unexported", "%s: %q (%T) is unexported: see TestGroupHeldIsExported", c.describe(), err, err)
 		case o == "metapanic":
 			r.violate("meta-panic-unwrapped", "%s: %q wraps neither codec.ErrCodecPanic nor a permanent error", c.describe(), err)
 		case o == "config" && !codec.IsPermanent(err):

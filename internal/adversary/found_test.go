@@ -32,7 +32,6 @@ const answerWithin = 5 * time.Second
 // the default queue bound but within MaxBytes can then never be queued, and
 // its caller is told to retry it forever.
 func TestDefaultQueueMaxBytesBelowMaxBytes(t *testing.T) {
-	skipUnfixed(t, "the default QueueMaxBytes below Limits.MaxBytes refuses a fitting message forever")
 	_, inst := testinst.Start(t, actors.Config{Name: "bigbytes"})
 	c := fakecodec.New("big", codec.Limits{MaxEntries: 10, MaxBytes: 256 << 20})
 	c.SizeHook = func(codec.Message) int { return 200 << 20 } // the codec's own count
@@ -136,7 +135,6 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 // goroutine (the PID's process runs there): a caller actor crashes, a plain
 // goroutine takes the process down. Bad input should get a clear error.
 func TestNilDeliverPointer(t *testing.T) {
-	skipUnfixed(t, "a nil *messages.Deliver panics on the sender's goroutine")
 	system, inst := testinst.Start(t, actors.Config{Name: "nildeliver"})
 	var res any
 	var err error
@@ -152,7 +150,6 @@ func TestNilDeliverPointer(t *testing.T) {
 // A messages.Deliver sent by value (a slip of a missing &) is logged and
 // dropped: its sender waits for an answer that never comes.
 func TestDeliverByValueIsAnswered(t *testing.T) {
-	skipUnfixed(t, "a messages.Deliver sent by value is never answered")
 	system, inst := testinst.Start(t, actors.Config{Name: "byvalue"})
 	c := fakecodec.New("byvalue", codec.Limits{MaxEntries: 1, MaxBytes: 100})
 	res, err := system.Root.RequestFuture(inst.PID(), messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("x")}}, answerWithin).Result()
@@ -183,7 +180,6 @@ func TestTypedNilCodec(t *testing.T) {
 // entry's deadline). Here TenantMax is 1: F is refused with FullTenant while
 // the only entry of its tenant belongs to a caller that is gone.
 func TestDeadOnArrivalHoldsRoom(t *testing.T) {
-	skipUnfixed(t, "a delivery whose caller gave up before it was admitted holds room past the next refusal")
 	system, inst := testinst.Start(t, actors.Config{Name: "deadonarrival"})
 	c := &gatedValidator{release: make(chan struct{}), validating: make(chan struct{})}
 	deliver := func(tenant, body string, deadline time.Time) *actor.Future {
@@ -266,7 +262,6 @@ func (c *cancelInSelect) Err() error {
 // earlier message of the group failed ... The message was never sent.
 // Retryable"); any exported value would do.
 func TestGroupHeldIsExported(t *testing.T) {
-	skipUnfixed(t, "the answer to an entry held back in bisection is an unexported error")
 	_, inst := testinst.Start(t, actors.Config{Name: "groupheld"})
 	c := fakecodec.New("held", codec.Limits{MaxEntries: 2, MaxBytes: 100})
 	c.Tune = codec.Tuning{Linger: time.Hour}

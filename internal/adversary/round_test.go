@@ -408,8 +408,6 @@ func outcome(err error) string {
 		return "retryable"
 	case codec.IsPermanent(err):
 		return "permanent" // a config error, a nil ctx
-	case strings.Contains(err.Error(), "an earlier message of its group failed"):
-		return "groupheld" // see TestGroupHeldIsExported
 	case strings.Contains(err.Error(), "panicked"):
 		return "metapanic" // a panic in Name, Identity, Limits or Tuning
 	case strings.Contains(err.Error(), "Tuning."):
@@ -421,7 +419,7 @@ func outcome(err error) string {
 // retryable says whether an owner tries the same message again.
 func retryable(err error) bool {
 	switch outcome(err) {
-	case "full", "down", "codecpanic", "resultcount", "throttled", "retryable", "expired", "paused", "groupheld":
+	case "full", "down", "codecpanic", "resultcount", "throttled", "retryable", "expired", "paused":
 		return true
 	}
 	return false
