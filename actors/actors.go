@@ -51,6 +51,7 @@ type Stats struct {
 	Queued      int   // entries waiting, not in a request
 	QueuedBytes int64 // their Size
 	InFlight    int   // requests in flight
+	Waiting     int   // deliveries blocked waiting for room (Tuning.WhenFull Block)
 }
 
 // Instance is a running sinkbatch: one supervisor and a batcher per
@@ -211,11 +212,11 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 // destination's batcher.
 func (i *Instance) PID() *actor.PID { return i.sup.PID() }
 
-// Stats reads the instance's counters. It is cheap (four atomic loads) and
+// Stats reads the instance's counters. It is cheap (five atomic loads) and
 // safe from any goroutine.
 func (i *Instance) Stats() Stats {
 	s := i.sup.Stats()
-	return Stats{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes, InFlight: s.InFlight}
+	return Stats{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes, InFlight: s.InFlight, Waiting: s.Waiting}
 }
 
 // Stop stops the instance, in this order: new deliveries are answered with

@@ -74,6 +74,9 @@ type OTel struct {
 	mu    sync.Mutex
 	sinks map[string]*sinkRecorder // one per codec kind: it grows only to the number of codecs linked in
 	reg   metric.Registration      // nil once Close has run, or if New had no gauges func
+
+	limits   map[limitKey]int    // adaptive destinations' in-flight limits (limit.go)
+	limitReg metric.Registration // nil once Close has run
 }
 
 // New returns a Recorder that reports through meters from mp, labelling every
@@ -121,9 +124,15 @@ func New(mp metric.MeterProvider, instance string, gauges func() Gauges) (*OTel,
 		return nil, fmt.Errorf("sinkbatch: telemetry: %w", err)
 	}
 
+	limitReg, err := o.registerLimit(m)
+	if err != nil {
+		return nil, fmt.Errorf("sinkbatch: telemetry: %w", err)
+	}
+	o.limitReg = limitReg
 	if gauges != nil {
 		reg, err := registerGauges(m, instance, gauges)
 		if err != nil {
+			_ = o.closeLimit()
 			return nil, fmt.Errorf("sinkbatch: telemetry: %w", err)
 		}
 		o.reg = reg
@@ -175,6 +184,9 @@ func (o *OTel) Sink(sink string) SinkRecorder {
 // their instruments hold nothing to release. Close is safe to call more than
 // once and always returns nil after the first call.
 func (o *OTel) Close() error {
+	if err := o.closeLimit(); err != nil {
+		return err
+	}
 	o.mu.Lock()
 	reg := o.reg
 	o.reg = nil

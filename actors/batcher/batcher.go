@@ -123,8 +123,8 @@ type Batcher struct {
 	// in between leaves it here for Restarting to answer.
 	current   caller
 	published struct {
-		queued, inflight int
-		bytes            int64
+		queued, inflight, waiting int
+		bytes                     int64
 	}
 }
 
@@ -153,10 +153,10 @@ func (b *Batcher) receive(ctx actor.Context) {
 		b.armed = 0
 	case *Drain:
 		b.p.drain = m
-		b.d.setDraining()
+		b.answerEach(b.d.setDraining(), messages.ErrStopped)
 	case *Abort:
 		b.aborted = true
-		b.d.setDraining()
+		b.answerEach(b.d.setDraining(), messages.ErrStopped)
 		b.answerAll(messages.ErrStopped)
 	case *goroutinePanic:
 		if m.from == b.d {
@@ -185,6 +185,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
 	b.d = newDispatch(q, &b.p.goroutines, b.alive)
+	b.startFlow()
 	b.p.incarnations++
 	if b.p.incarnations == 1 {
 		b.log.Info("sinkbatch: batcher started")
@@ -198,6 +199,7 @@ func (b *Batcher) end(err error) {
 		return
 	}
 	b.d.markDown()
+	b.endFlow(err)
 	b.answerAll(err)
 	if b.timer != nil {
 		b.timer.Stop()
@@ -259,9 +261,18 @@ func (b *Batcher) deliver(c caller) {
 		b.cancelsSeen, b.lastFullSweep = cancels, b.now
 		b.answerDropped(a.dropped, b.now)
 	}
+	if a.resumed != "" {
+		b.logResumed("retry", a.resumed)
+	}
 	switch {
-	case a.ok:
+	case a.ok, a.waiting:
 		b.current = caller{}
+	case a.paused != nil:
+		b.current = caller{}
+		b.reply(c, codec.Result{Err: a.paused})
+	case a.stopped:
+		b.current = caller{}
+		b.reply(c, codec.Result{Err: messages.ErrStopped})
 	case a.down:
 		// A request goroutine failed; the restart is on its way.
 		b.current = caller{}
@@ -359,7 +370,10 @@ func (b *Batcher) advance(ctx actor.Context) {
 	if st.expireDue {
 		b.answerEach(b.d.expire(b.now), errExpiredInFlight)
 	}
-	if st.sweepDue || st.expireDue {
+	if st.pausesDue {
+		b.logResumed("GroupPauseMax", b.d.expirePauses(b.now)...)
+	}
+	if st.sweepDue || st.expireDue || st.pausesDue {
 		st = b.d.status(b.now)
 	}
 	b.publish(st)
@@ -458,6 +472,10 @@ func (b *Batcher) publish(st status) {
 		c.InFlight.Add(int64(d))
 		b.published.inflight = st.inflight
 	}
+	if d := st.waiting - b.published.waiting; d != 0 {
+		c.Waiting.Add(int64(d))
+		b.published.waiting = st.waiting
+	}
 }
 
 // unpublish takes this incarnation's share out of the counters when it ends.
@@ -466,5 +484,6 @@ func (b *Batcher) unpublish() {
 	c.Queued.Add(-int64(b.published.queued))
 	c.QueuedBytes.Add(-b.published.bytes)
 	c.InFlight.Add(-int64(b.published.inflight))
-	b.published.queued, b.published.bytes, b.published.inflight = 0, 0, 0
+	c.Waiting.Add(-int64(b.published.waiting))
+	b.published.queued, b.published.bytes, b.published.inflight, b.published.waiting = 0, 0, 0, 0
 }

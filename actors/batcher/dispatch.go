@@ -36,6 +36,10 @@ type dispatch struct {
 	// deadline; MaxInt64 when none.
 	inflightDeadline int64
 
+	// lim is the adaptive in-flight limit (adaptive.go); nil unless
+	// Tuning.Adaptive. It sets q.s.maxInflight.
+	lim *limiter
+
 	// Set by newDispatch, never changed.
 	goroutines *atomic.Int64 // request goroutines of every incarnation (Params)
 	alive      func(*entry) bool
@@ -71,35 +75,66 @@ type admission struct {
 	down    bool                // the incarnation is down: nothing was done
 	swept   bool                // the queue was swept for room
 	dropped []*entry            // what the sweep removed, to be answered
+	// StrictGroups: paused is the answer to an entry of a paused group;
+	// resumed, the group its admission resumed (it is the failed entry's
+	// retry, or the pause ran out).
+	paused  *messages.GroupPausedError
+	resumed string
+	// WhenFull Block: the entry waits for room (ok is false); stopped, it
+	// did not fit while Stop drains, and is answered ErrStopped.
+	waiting, stopped bool
 }
 
 // admit queues e at now. When e does not fit, it sweeps the queue for room
 // held by callers that gave up or whose deadline passed, and tries once
-// more, if a deadline has passed or sweep says so.
+// more, if a deadline has passed or sweep says so. With StrictGroups an
+// entry of a paused group is answered at once (pause.go); with Block an
+// entry that still does not fit waits (block.go).
 func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
 		return admission{down: true}
 	}
-	reason, ok := d.q.admit(e, now)
-	if ok {
-		return admission{ok: true}
+	var a admission
+	resume := false
+	if d.q.s.strict {
+		if a.paused, resume = d.q.checkPaused(e, now); a.paused != nil {
+			return a
+		}
 	}
-	if !sweep && now < d.q.minDeadline {
-		return admission{reason: reason}
-	}
-	a := admission{swept: true, dropped: d.q.sweep(now, d.alive)}
 	a.reason, a.ok = d.q.admit(e, now)
+	if !a.ok && (sweep || now >= d.q.minDeadline || now >= d.q.waits.minDeadline) {
+		a.swept = true
+		a.dropped = d.q.sweep(now, d.alive)
+		a.dropped = append(a.dropped, d.q.sweepWaiters(now, d.alive)...)
+		a.dropped = append(a.dropped, d.q.promote(now, d.alive)...)
+		a.reason, a.ok = d.q.admit(e, now)
+	}
+	if !a.ok && d.q.s.block {
+		if d.q.draining {
+			a.stopped = true
+		} else {
+			a.waiting = d.q.wait(e)
+		}
+	}
+	// The pause ends only if the retry is in: a retry refused for
+	// fullness must not let its followers overtake it.
+	if resume && (a.ok || a.waiting) {
+		d.q.resume(e.msg.Group)
+		a.resumed = e.msg.Group
+	}
 	return a
 }
 
 // setDraining makes the queue send whatever is sendable without waiting
-// for Linger (Stop's drain).
-func (d *dispatch) setDraining() {
+// for Linger (Stop's drain), and returns the deliveries waiting for room,
+// which Stop answers ErrStopped.
+func (d *dispatch) setDraining() []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.q.draining = true
+	return d.q.drainWaiters()
 }
 
 // launch takes the batch due now, if any, registers it as running and
@@ -122,25 +157,69 @@ func (d *dispatch) launch(now int64) (*inflight, []*entry) {
 // end the process on a request goroutine: it is returned instead, the
 // incarnation is down, and the goroutine ends.
 func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*entry, panicked any) {
+	r := d.finishWith(f, now, outcome{})
+	return r.next, r.dropped, r.panicked
+}
+
+// outcome is what a request goroutine learned from its request, for the
+// rules: its time and whether it met back pressure (Adaptive), and each
+// group's first retryable failure (StrictGroups).
+type outcome struct {
+	rtt       int64 // nanoseconds
+	ok        bool  // the request succeeded as a whole
+	pressured bool  // throttled, or out of time
+	failures  []groupFailure
+}
+
+// finished is what finishWith returns to the request goroutine.
+type finished struct {
+	next     *inflight
+	dropped  []*entry // to be answered as the queue's drops
+	panicked any
+	held     []heldEntry    // entries of groups that paused, to be answered
+	paused   []groupFailure // the groups that paused, to be logged
+	limit    int            // the new adaptive limit; 0: unchanged
+}
+
+// finishWith is finish for a request whose outcome is known: the failed
+// entries' groups pause before their gates open, so that no follower leaves
+// in between, and the adaptive limit adjusts before the slot is handed on.
+func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	defer func() {
-		if r := recover(); r != nil {
-			next, panicked = nil, r
+		if p := recover(); p != nil {
+			r.next, r.panicked = nil, p
 			d.down = true
 		}
-		if next == nil {
+		if r.next == nil {
 			d.own--
 			d.goroutines.Add(-1)
 		}
 	}()
 	delete(d.running, f)
 	if d.down {
-		return nil, nil, nil
+		return r
+	}
+	if d.q.s.strict {
+		for _, g := range o.failures {
+			held, paused := d.q.pauseGroup(g, now)
+			r.held = append(r.held, held...)
+			if paused {
+				r.paused = append(r.paused, g)
+			}
+		}
 	}
 	d.q.complete(f.groups)
-	next, dropped = d.takeDue(now)
-	return next, dropped, nil
+	if d.lim != nil && d.lim.ended(now, o.rtt, o.ok, o.pressured) {
+		d.q.s.maxInflight = d.lim.limit
+		r.limit = d.lim.limit
+	}
+	r.next, r.dropped = d.takeDue(now)
+	if len(r.held) > 0 && d.q.waits.n > 0 {
+		r.dropped = append(r.dropped, d.q.promote(now, d.alive)...)
+	}
+	return r
 }
 
 // takeDue takes the batch due now, if any, and registers it as running.
@@ -155,8 +234,14 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 		return nil, nil
 	}
 	batch, groups, dropped := d.q.take(now, d.alive)
+	if d.q.waits.n > 0 {
+		dropped = append(dropped, d.q.promote(now, d.alive)...)
+	}
 	if len(batch) == 0 {
 		return nil, dropped
+	}
+	if d.lim != nil {
+		d.lim.started(d.q.inflight)
 	}
 	var deadline int64
 	for _, e := range batch {
@@ -184,7 +269,12 @@ func (d *dispatch) inherited() bool {
 func (d *dispatch) sweep(now int64) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.q.sweep(now, d.alive)
+	dropped := d.q.sweep(now, d.alive)
+	if d.q.waits.n > 0 {
+		dropped = append(dropped, d.q.sweepWaiters(now, d.alive)...)
+		dropped = append(dropped, d.q.promote(now, d.alive)...)
+	}
+	return dropped
 }
 
 // expire claims every entry in a request whose deadline has passed and
@@ -223,6 +313,7 @@ func (d *dispatch) abandon() []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	all := d.q.drainAll()
+	all = append(all, d.q.drainWaiters()...)
 	for f := range d.running {
 		for i, e := range f.entries {
 			if f.claims[i].CompareAndSwap(false, true) {
@@ -241,16 +332,54 @@ func (d *dispatch) markDown() {
 	d.down = true
 }
 
+// pauses returns a copy of the paused groups, for the next incarnation.
+func (d *dispatch) pauses() pauses {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.q.paused.clone()
+}
+
+// seedPauses hands the paused groups of a crashed incarnation to this one,
+// before it admits anything.
+func (d *dispatch) seedPauses(p pauses) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.q.paused = p
+}
+
+// expirePauses resumes the groups whose pause has run out at now.
+func (d *dispatch) expirePauses(now int64) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.q.expirePauses(now)
+}
+
+// resumeGroup resumes group g if it is paused and reports whether it was.
+func (d *dispatch) resumeGroup(g string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.q.resume(g)
+}
+
+// pausedGroups lists the groups paused at now, sorted.
+func (d *dispatch) pausedGroups(now int64) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.q.expirePauses(now)
+	return d.q.pausedGroups()
+}
+
 // status is what the actor reads after each message.
 type status struct {
 	queued      int
 	queuedBytes int64
 	inflight    int
-	// held: something is queued or in flight, or a crashed incarnation's
-	// requests still run.
+	waiting     int
+	// held: something is queued, waiting or in flight, a group is paused,
+	// or a crashed incarnation's requests still run.
 	held bool
-	// due: a sweep or an expiry is due now.
-	sweepDue, expireDue bool
+	// due: a sweep, an expiry or the end of a pause is due now.
+	sweepDue, expireDue, pausesDue bool
 	// wake is the next time the actor must look without a message: Linger
 	// running out, a deadline passing; 0: none.
 	wake int64
@@ -265,9 +394,11 @@ func (d *dispatch) status(now int64) status {
 		queued:      q.queued,
 		queuedBytes: q.queuedBytes,
 		inflight:    q.inflight,
-		held:        q.queued > 0 || q.inflight > 0 || inherited,
-		sweepDue:    q.queued > 0 && now >= q.minDeadline,
+		waiting:     q.waits.n,
+		held:        q.queued > 0 || q.inflight > 0 || inherited || q.waits.n > 0 || len(q.paused.m) > 0,
+		sweepDue:    (q.queued > 0 && now >= q.minDeadline) || (q.waits.n > 0 && now >= q.waits.minDeadline),
 		expireDue:   now >= d.inflightDeadline,
+		pausesDue:   now >= q.paused.minUntil,
 		wake:        q.wake(),
 	}
 	if inherited && st.wake != 0 {
@@ -276,6 +407,9 @@ func (d *dispatch) status(now int64) status {
 		st.wake = 0
 		if q.queued > 0 {
 			st.wake = q.minDeadline
+		}
+		if w := min(q.waits.minDeadline, q.paused.minUntil); w != math.MaxInt64 {
+			st.wake = minWake(st.wake, w)
 		}
 	}
 	if len(d.running) > 0 && d.inflightDeadline != math.MaxInt64 {

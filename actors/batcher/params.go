@@ -18,6 +18,7 @@ type Counters struct {
 	Queued      atomic.Int64 // entries waiting, not in a request
 	QueuedBytes atomic.Int64
 	InFlight    atomic.Int64 // requests in flight
+	Waiting     atomic.Int64 // deliveries waiting for room (WhenFull Block)
 }
 
 // Params configure one batcher incarnation: one per destination from the
@@ -46,6 +47,12 @@ type Params struct {
 	received     uint64       // deliveries received, across restarts; only the actor touches it
 	drain        *Drain       // Stop's drain, once begun: a restart does not end it
 	incarnations uint64       // incarnations of the actor object, across restarts
+	// carried are the paused groups a crashed incarnation leaves to the
+	// next; only the actor touches it.
+	carried pauses
+	// current is the running incarnation's dispatch, for ResumeGroup and
+	// PausedGroups from other goroutines.
+	current atomic.Pointer[dispatch]
 }
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with
@@ -99,5 +106,8 @@ func settingsOf(t codec.Tuning, oneGroup bool) settings {
 		queueMax:      t.QueueMax,
 		queueMaxBytes: t.QueueMaxBytes,
 		tenantMax:     t.TenantMax,
+		block:         t.WhenFull == codec.Block,
+		strict:        t.StrictGroups,
+		pauseMax:      int64(t.GroupPauseMax),
 	}
 }

@@ -24,6 +24,9 @@ type entry struct {
 	tenant   *tenant
 	lane     *lane
 	dead     bool // removed from the queue while still in its lane's slice
+	// waitGone: the entry has left the waiting list (block.go), admitted
+	// or answered, while still in its FIFOs' slices.
+	waitGone bool
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
@@ -67,6 +70,9 @@ type settings struct {
 	queueMaxBytes int64
 	tenantMax     int
 	oneGroup      bool // a batch holds one group's entries, or ungrouped ones only
+	block         bool // WhenFull Block: a delivery that does not fit waits (block.go)
+	strict        bool // StrictGroups: a retryable failure pauses its group (pause.go)
+	pauseMax      int64
 }
 
 // queue is the batching rules of one destination. Not safe for concurrent
@@ -92,6 +98,9 @@ type queue struct {
 	// still finds it.
 	building *batchBuilder
 	builder  batchBuilder
+
+	paused pauses   // StrictGroups: the groups paused after a failure
+	waits  waitlist // WhenFull Block: deliveries waiting for room
 }
 
 func newQueue(s settings) *queue {
@@ -100,6 +109,8 @@ func newQueue(s settings) *queue {
 		tenants:     make(map[string]*tenant),
 		groups:      make(map[string]*lane),
 		minDeadline: math.MaxInt64,
+		paused:      pauses{minUntil: math.MaxInt64},
+		waits:       newWaitlist(),
 	}
 }
 
@@ -107,17 +118,35 @@ func newQueue(s settings) *queue {
 // leaves the queue unchanged. The caller has checked that e.size fits in one
 // request.
 func (q *queue) admit(e *entry, now int64) (messages.FullReason, bool) {
+	if reason, ok := q.fits(e); !ok {
+		return reason, false
+	}
+	if reason, held := q.waits.holds(e); held {
+		// A delivery must not overtake its tenant's or its group's
+		// waiters (block.go).
+		return reason, false
+	}
+	return 0, q.insert(e, now)
+}
+
+// fits says which bound, if any, e would break.
+func (q *queue) fits(e *entry) (messages.FullReason, bool) {
 	if q.queued >= q.s.queueMax {
 		return messages.FullEntries, false
 	}
 	if q.queuedBytes+int64(e.size) > q.s.queueMaxBytes {
 		return messages.FullBytes, false
 	}
-	name := e.msg.Tenant
-	t := q.tenants[name]
-	if t != nil && t.count >= q.s.tenantMax {
+	if t := q.tenants[e.msg.Tenant]; t != nil && t.count >= q.s.tenantMax {
 		return messages.FullTenant, false
 	}
+	return 0, true
+}
+
+// insert queues e, which fits, at time now.
+func (q *queue) insert(e *entry, now int64) bool {
+	name := e.msg.Tenant
+	t := q.tenants[name]
 	if t == nil {
 		t = &tenant{name: name}
 		t.plain.owner = nil
@@ -147,7 +176,7 @@ func (q *queue) admit(e *entry, now int64) (messages.FullReason, bool) {
 			q.link(l, t)
 		}
 	}
-	return 0, true
+	return true
 }
 
 // due reports whether a batch should be taken now, and why.
@@ -179,6 +208,7 @@ func (q *queue) wake() int64 {
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)
 	}
+	w = min(w, q.waits.minDeadline, q.paused.minUntil)
 	if w == math.MaxInt64 {
 		return 0
 	}

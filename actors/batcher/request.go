@@ -22,12 +22,14 @@ func (b *Batcher) run(f *inflight) {
 	defer b.p.Requests.Done()
 	var buf buffers
 	for f != nil {
-		report := b.request(f, &buf)
+		report, o := b.request(f, &buf)
 		// The callers are answered (in request), then the slot handed on,
 		// then the actor told.
 		now := time.Now().UnixNano()
-		next, dropped, panicked := b.d.finish(f, now)
-		b.answerDropped(dropped, now)
+		r := b.d.finishWith(f, now, o)
+		next, panicked := r.next, r.panicked
+		b.answerDropped(r.dropped, now)
+		b.settle(r)
 		if panicked != nil {
 			tell(b.system, b.self, &goroutinePanic{from: b.d, reason: panicked, stack: debug.Stack()})
 		}
@@ -57,7 +59,7 @@ type buffers struct {
 
 // request sends f's batch and answers each of its callers whose claim it
 // wins.
-func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
+func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) {
 	defer f.cancel()
 	n := len(f.entries)
 	if cap(buf.msgs) < n {
@@ -74,15 +76,17 @@ func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
 		report.Bytes += e.size
 	}
 	start := time.Now()
-	report.Requests, _ = b.bisect(f.ctx, msgs, results)
+	var failed error
+	report.Requests, failed = b.bisect(f.ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
+	o := b.learn(msgs, results, failed, report.Duration)
 	for i, e := range f.entries {
 		if f.claims[i].CompareAndSwap(false, true) {
 			b.reply(e.to, results[i])
 		}
 	}
-	return report
+	return report, o
 }
 
 // bisect sends msgs and writes one result per message into out. When the

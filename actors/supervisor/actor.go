@@ -89,6 +89,7 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 	s.children[pid.Id] = rt
 	s.counters.Batchers.Add(1)
 	rt.pid, rt.idleStopping = pid, false
+	rt.params.Store(p)
 	rt.mu.Lock()
 	rt.target.Store(&target{pid: pid, proc: proc})
 	for _, m := range rt.held {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
 )
 
@@ -30,6 +31,9 @@ type route struct {
 	oneGroup bool // Limits().OneGroupPerRequest
 	state    atomic.Uint64
 	target   atomic.Pointer[target]
+	// params are the current batcher's, for ResumeGroup and PausedGroups;
+	// nil until the first batcher starts.
+	params atomic.Pointer[batcher.Params]
 
 	mu      sync.Mutex
 	held    []any // messages waiting for a batcher, in arrival order

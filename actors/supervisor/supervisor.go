@@ -71,6 +71,7 @@ type Stats struct {
 	Queued      int
 	QueuedBytes int64
 	InFlight    int
+	Waiting     int
 }
 
 // Start spawns the supervisor actor under the name "sinkbatch-"+cfg.Name and
@@ -123,7 +124,46 @@ func (s *Supervisor) Stats() Stats {
 		Queued:      int(s.counters.Queued.Load()),
 		QueuedBytes: s.counters.QueuedBytes.Load(),
 		InFlight:    int(s.counters.InFlight.Load()),
+		Waiting:     int(s.counters.Waiting.Load()),
 	}
+}
+
+// ResumeGroup resumes group g of c's destination if it is paused
+// (Tuning.StrictGroups) and reports whether it was. A destination with no
+// batcher has nothing paused. The error is c's, if c is not a valid codec.
+func (s *Supervisor) ResumeGroup(c codec.Codec, g string) (bool, error) {
+	p, err := s.params(c)
+	if p == nil {
+		return false, err
+	}
+	return p.ResumeGroup(g), nil
+}
+
+// PausedGroups lists the paused groups of c's destination, sorted.
+func (s *Supervisor) PausedGroups(c codec.Codec) ([]string, error) {
+	p, err := s.params(c)
+	if p == nil {
+		return nil, err
+	}
+	return p.PausedGroups(), nil
+}
+
+// params finds the running batcher's Params of c's destination, without
+// starting one: nil if it has none.
+func (s *Supervisor) params(c codec.Codec) (*batcher.Params, error) {
+	if cacheable(c) {
+		if v, ok := s.codecs.Load(c); ok {
+			return v.(*route).params.Load(), nil
+		}
+	}
+	fresh, err := s.destination(c)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := s.routes.Load(fresh.name); ok {
+		return v.(*route).params.Load(), nil
+	}
+	return nil, nil
 }
 
 // Stopping reports whether Stop has been called.

@@ -1,0 +1,118 @@
+package batcher
+
+import "math"
+
+// This file holds the adaptive in-flight limit (Tuning.Adaptive): an AIMD
+// controller on request time, after Vector's adaptive request concurrency
+// (src/sinks/util/adaptive_concurrency/controller.rs in vectordotdev/vector).
+//
+// The limit starts at 1. Request times of successful requests are averaged
+// over a window about one request time long; at the end of each window the
+// window's mean is compared with the baseline, an exponentially weighted
+// mean and variance of past windows' means:
+//   - the limit grows by 1 if the window's requests reached the limit (there
+//     was demand for more), none met back pressure, and the window's mean is
+//     at most the baseline's mean;
+//   - it shrinks to ⌊limit × 0.9⌋ (at least by 1, never below 1) if a
+//     request met back pressure (the destination throttled it, or it ran
+//     out of time), or the window's mean reached the baseline's mean plus
+//     2.5 standard deviations.
+//
+// Then the window's mean joins the baseline. Like the queue, the limiter
+// reads no clock: now comes in as an argument.
+type limiter struct {
+	limit int // the current limit, 1 ≤ limit ≤ max
+	max   int // Tuning.MaxInflight
+
+	past       ewmaVar // the baseline: past windows' mean request times, in seconds
+	windowSum  float64 // this window's successful request times, in seconds
+	windowN    int
+	nextUpdate int64 // when the window ends (Unix nanoseconds)
+	pressured  bool  // a request in this window met back pressure
+	reached    bool  // requests in flight reached the limit in this window
+}
+
+// The controller's constants, Vector's defaults.
+const (
+	limiterAlpha     = 0.4 // weight of the newest window in the baseline
+	limiterDeviation = 2.5 // standard deviations above the baseline that count as slow
+	limiterDecrease  = 0.9 // multiplicative decrease
+)
+
+func newLimiter(max int) *limiter { return &limiter{limit: 1, max: max} }
+
+// started notes a request leaving, with inflight requests in flight
+// counting it.
+func (l *limiter) started(inflight int) {
+	if inflight >= l.limit {
+		l.reached = true
+	}
+}
+
+// ended adjusts to a request that ended at now after rtt nanoseconds. ok:
+// it succeeded, so rtt is a sample; pressured: the destination pushed back
+// (throttling, a deadline). It reports whether the limit changed.
+func (l *limiter) ended(now, rtt int64, ok, pressured bool) bool {
+	if pressured {
+		l.pressured = true
+	}
+	if ok {
+		l.windowSum += float64(rtt) / 1e9
+		l.windowN++
+	}
+	cur, haveCur := 0.0, l.windowN > 0
+	if haveCur {
+		cur = l.windowSum / float64(l.windowN)
+	}
+	if !l.past.set {
+		if haveCur {
+			l.past.update(cur)
+			l.nextUpdate = now + int64(cur*1e9)
+			l.windowSum, l.windowN = 0, 0
+		} else if l.pressured && l.limit > 1 {
+			return l.decrease()
+		}
+		return false
+	}
+	if now < l.nextUpdate {
+		return false
+	}
+	before := l.limit
+	threshold := math.Sqrt(l.past.variance) * limiterDeviation
+	switch {
+	case l.limit < l.max && l.reached && !l.pressured && haveCur && cur <= l.past.mean:
+		l.limit++
+	case l.limit > 1 && (l.pressured || (haveCur && cur >= l.past.mean+threshold)):
+		l.decrease()
+	}
+	if haveCur {
+		l.past.update(cur)
+	}
+	l.nextUpdate = now + int64(l.past.mean*1e9)
+	l.windowSum, l.windowN = 0, 0
+	l.pressured, l.reached = false, false
+	return l.limit != before
+}
+
+func (l *limiter) decrease() bool {
+	l.limit = max(int(float64(l.limit)*limiterDecrease), 1)
+	return true
+}
+
+// ewmaVar is an exponentially weighted mean and variance (Welford-style
+// incremental form, as Vector's EwmaVar).
+type ewmaVar struct {
+	mean, variance float64
+	set            bool
+}
+
+func (e *ewmaVar) update(x float64) {
+	if !e.set {
+		e.mean, e.variance, e.set = x, 0, true
+		return
+	}
+	d := x - e.mean
+	inc := limiterAlpha * d
+	e.mean += inc
+	e.variance = (1 - limiterAlpha) * (e.variance + d*inc)
+}

@@ -1,0 +1,260 @@
+package batcher
+
+import (
+	"math"
+
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// This file holds the rules of Tuning.WhenFull Block. A delivery that does
+// not fit the queue's bounds waits in the waiting list instead of being
+// refused; at most QueueMax deliveries wait, past that a delivery is
+// refused as with Refuse, so memory stays bounded. A delivery also waits,
+// though it fits, while its tenant or its group has waiters: it must not
+// overtake them. Whenever room frees (a batch is taken, a sweep removes
+// abandoned entries), promote admits waiters: round-robin across tenants,
+// in arrival order within a tenant, and an entry of a group only once it is
+// the group's oldest waiter, so a group's entries never overtake each other
+// across tenants. A waiter whose deadline passes is answered with an error
+// wrapping context.DeadlineExceeded and was never queued.
+
+// waitlist is the deliveries waiting for room. Removal is lazy: a removed
+// waiter is marked waitGone and skipped.
+type waitlist struct {
+	n           int // live waiters
+	tenants     map[string]*waitTenant
+	order       []*waitTenant // tenants with waiters, in turn order
+	turn        int           // index in order of the tenant whose turn is next
+	groups      map[string]*waitFIFO
+	minDeadline int64 // no live waiter has an earlier deadline; MaxInt64 when none
+}
+
+// waitFIFO is a FIFO of waiters; dead ones are skipped.
+type waitFIFO struct {
+	entries []*entry
+	head    int
+	live    int
+}
+
+// waitTenant is one tenant's waiters, in arrival order.
+type waitTenant struct {
+	name string
+	waitFIFO
+}
+
+func newWaitlist() waitlist {
+	return waitlist{minDeadline: math.MaxInt64}
+}
+
+// holds says whether e must wait behind waiters of its tenant or its group,
+// and with which reason it is refused if the waiting list is full.
+func (w *waitlist) holds(e *entry) (messages.FullReason, bool) {
+	if w.n == 0 {
+		return 0, false
+	}
+	if w.tenants[e.msg.Tenant] != nil {
+		return messages.FullTenant, true
+	}
+	if g := e.msg.Group; g != "" && w.groups[g] != nil {
+		return messages.FullEntries, true
+	}
+	return 0, false
+}
+
+// wait adds e to the waiting list, unless QueueMax deliveries already wait.
+func (q *queue) wait(e *entry) bool {
+	w := &q.waits
+	if w.n >= q.s.queueMax {
+		return false
+	}
+	if w.tenants == nil {
+		w.tenants = make(map[string]*waitTenant)
+		w.groups = make(map[string]*waitFIFO)
+	}
+	t := w.tenants[e.msg.Tenant]
+	if t == nil {
+		t = &waitTenant{name: e.msg.Tenant}
+		w.tenants[t.name] = t
+		w.order = append(w.order, t)
+	}
+	t.push(e)
+	if g := e.msg.Group; g != "" {
+		f := w.groups[g]
+		if f == nil {
+			f = &waitFIFO{}
+			w.groups[g] = f
+		}
+		f.push(e)
+	}
+	w.n++
+	w.minDeadline = min(w.minDeadline, e.deadline)
+	return true
+}
+
+// promote admits waiters while they fit, round-robin across tenants, and
+// returns those it found abandoned (deadline passed, caller gone), to be
+// answered. It stops when a whole turn admits nothing.
+func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
+	w := &q.waits
+	for misses := 0; w.n > 0 && misses < len(w.order); {
+		if w.turn >= len(w.order) {
+			w.turn = 0
+		}
+		t := w.order[w.turn]
+		e := t.first()
+		if e.deadline <= now || !alive(e) {
+			w.remove(e)
+			dropped = append(dropped, e)
+			continue
+		}
+		if g := e.msg.Group; g != "" && w.groups[g].first() != e {
+			// An older waiter of its group, of another tenant, goes first.
+			w.turn++
+			misses++
+			continue
+		}
+		reason, ok := q.fits(e)
+		if !ok && reason == messages.FullEntries {
+			break // nothing fits
+		}
+		if !ok {
+			w.turn++
+			misses++
+			continue
+		}
+		w.remove(e)
+		q.insert(e, now)
+		misses = 0
+		// The turn passes on; remove may have dropped t from order.
+		if w.turn < len(w.order) && w.order[w.turn] == t {
+			w.turn++
+		}
+	}
+	if w.n == 0 {
+		w.minDeadline = math.MaxInt64
+	}
+	return dropped
+}
+
+// sweepWaiters removes every waiter whose deadline has passed or whose
+// caller is gone and returns them. It costs O(waiters).
+func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*entry) {
+	w := &q.waits
+	next := int64(math.MaxInt64)
+	for _, t := range append([]*waitTenant(nil), w.order...) {
+		for _, e := range t.entries[t.head:] {
+			if e.waitGone {
+				continue
+			}
+			if e.deadline <= now || !alive(e) {
+				w.remove(e)
+				dropped = append(dropped, e)
+				continue
+			}
+			next = min(next, e.deadline)
+		}
+	}
+	w.minDeadline = next
+	return dropped
+}
+
+// drainWaiters removes every waiter and returns them, in arrival order per
+// tenant.
+func (q *queue) drainWaiters() []*entry {
+	w := &q.waits
+	var all []*entry
+	for _, t := range append([]*waitTenant(nil), w.order...) {
+		for _, e := range t.entries[t.head:] {
+			if !e.waitGone {
+				all = append(all, e)
+			}
+		}
+	}
+	for _, e := range all {
+		w.remove(e)
+	}
+	w.minDeadline = math.MaxInt64
+	return all
+}
+
+// group returns g's live waiters, oldest first.
+func (w *waitlist) group(g string) []*entry {
+	f := w.groups[g]
+	if f == nil {
+		return nil
+	}
+	var out []*entry
+	for _, e := range f.entries[f.head:] {
+		if !e.waitGone {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// remove takes a live waiter out, deleting its tenant's and group's FIFOs
+// when they empty.
+func (w *waitlist) remove(e *entry) {
+	e.waitGone = true
+	w.n--
+	t := w.tenants[e.msg.Tenant]
+	t.live--
+	t.skipDead()
+	if t.live == 0 {
+		delete(w.tenants, t.name)
+		i := indexOf(w.order, t)
+		w.order = append(w.order[:i], w.order[i+1:]...)
+		if w.turn > i {
+			w.turn--
+		}
+	}
+	if g := e.msg.Group; g != "" {
+		f := w.groups[g]
+		f.live--
+		f.skipDead()
+		if f.live == 0 {
+			delete(w.groups, g)
+		}
+	}
+}
+
+func indexOf(ts []*waitTenant, t *waitTenant) int {
+	for i, x := range ts {
+		if x == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// push appends e, compacting the FIFO when removed entries outnumber live
+// ones so that it does not grow without bound.
+func (f *waitFIFO) push(e *entry) {
+	if n := len(f.entries) - f.head; n > 16 && n > 2*f.live {
+		k := 0
+		for _, x := range f.entries[f.head:] {
+			if !x.waitGone {
+				f.entries[k] = x
+				k++
+			}
+		}
+		clear(f.entries[k:])
+		f.entries, f.head = f.entries[:k], 0
+	}
+	f.entries = append(f.entries, e)
+	f.live++
+}
+
+// first is the oldest live waiter; the FIFO must have one.
+func (f *waitFIFO) first() *entry {
+	f.skipDead()
+	return f.entries[f.head]
+}
+
+// skipDead advances the head past removed waiters.
+func (f *waitFIFO) skipDead() {
+	for f.head < len(f.entries) && f.entries[f.head].waitGone {
+		f.entries[f.head] = nil
+		f.head++
+	}
+}

@@ -1,0 +1,132 @@
+package batcher
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// This file joins the flow rules (pause.go, block.go, adaptive.go) to the
+// actor and its request goroutines.
+
+// learn is what a request's results tell the rules: its time, whether the
+// destination pushed back, and each group's first retryable failure in the
+// request's order (StrictGroups).
+func (b *Batcher) learn(msgs []codec.Message, results []codec.Result, failed error, rtt time.Duration) outcome {
+	o := outcome{rtt: int64(rtt), ok: failed == nil}
+	o.pressured = codec.IsThrottled(failed) || errors.Is(failed, context.DeadlineExceeded)
+	var seen map[string]bool
+	for i, r := range results {
+		if r.Err == nil {
+			continue
+		}
+		if codec.IsThrottled(r.Err) {
+			o.pressured = true
+		}
+		g := msgs[i].Group
+		if !b.p.Tuning.StrictGroups || g == "" || codec.IsPermanent(r.Err) || seen[g] {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]bool)
+		}
+		seen[g] = true
+		o.failures = append(o.failures, groupFailure{group: g, key: msgs[i].IdempotencyKey})
+	}
+	return o
+}
+
+// settle does what finishWith asks of the request goroutine: answer the
+// entries of groups that paused, and log the pauses and a new in-flight
+// limit.
+func (b *Batcher) settle(r finished) {
+	for _, h := range r.held {
+		b.reply(h.e.to, codec.Result{Err: h.err})
+	}
+	for _, g := range r.paused {
+		b.log.Info("sinkbatch: group paused after a retryable failure",
+			slog.String("group", g.group), slog.Bool("keyed", g.key != ""), slog.Duration("max", b.p.Tuning.GroupPauseMax))
+	}
+	if r.limit != 0 {
+		b.log.Debug("sinkbatch: in-flight limit changed", slog.Int("limit", r.limit))
+		b.recordLimit(r.limit)
+	}
+}
+
+// logResumed logs groups that resumed, and why.
+func (b *Batcher) logResumed(why string, groups ...string) {
+	for _, g := range groups {
+		b.log.Info("sinkbatch: group resumed", slog.String("group", g), slog.String("by", why))
+	}
+}
+
+// recordLimit reports the adaptive in-flight limit to the Recorder, if it
+// takes it (telemetry.LimitRecorder); 0 says the destination is gone. A
+// panic there is logged, not raised, as in flushed.
+func (b *Batcher) recordLimit(limit int) {
+	lr, ok := b.p.Recorder.(telemetry.LimitRecorder)
+	if !ok {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.InflightLimit panicked", slog.Any("panic", r))
+		}
+	}()
+	lr.InflightLimit(b.p.Name, limit)
+}
+
+// ResumeGroup resumes group g of p's destination if it is paused
+// (StrictGroups) and reports whether it was. Safe for concurrent use: it
+// goes straight to the running incarnation's rules, under their lock, not
+// through the mailbox, which protoactor empties without a word when the
+// batcher stops.
+func (p *Params) ResumeGroup(g string) bool {
+	d := p.current.Load()
+	if d == nil || !d.resumeGroup(g) {
+		return false
+	}
+	p.Logger.Info("sinkbatch: group resumed", slog.String("group", g), slog.String("by", "ResumeGroup"))
+	return true
+}
+
+// PausedGroups lists the paused groups of p's destination, sorted. Safe for
+// concurrent use.
+func (p *Params) PausedGroups() []string {
+	d := p.current.Load()
+	if d == nil {
+		return nil
+	}
+	return d.pausedGroups(time.Now().UnixNano())
+}
+
+// startFlow sets up a new incarnation's flow rules: the adaptive limit
+// starts at 1, and the groups a crashed incarnation had paused stay paused.
+func (b *Batcher) startFlow() {
+	if b.p.Tuning.Adaptive {
+		b.d.lim = newLimiter(b.p.Tuning.MaxInflight)
+		b.d.q.s.maxInflight = b.d.lim.limit
+		b.recordLimit(b.d.lim.limit)
+	}
+	if b.p.carried.m != nil {
+		b.d.seedPauses(b.p.carried)
+		b.p.carried = pauses{}
+	}
+	b.p.current.Store(b.d)
+}
+
+// endFlow runs as the incarnation ends, once it is down: its paused groups
+// pass to the next incarnation (a restart must not let a paused group's
+// followers overtake the failed entry's retry), and a batcher that stops
+// takes its limit off the gauge.
+func (b *Batcher) endFlow(err error) {
+	b.p.carried = b.d.pauses()
+	if err == messages.ErrStopped && b.p.Tuning.Adaptive {
+		b.recordLimit(0)
+	}
+}
