@@ -1,0 +1,448 @@
+// This file is the real-server harness that the flow tests and benchmarks
+// share: an SQS FIFO queue on fauxqs behind a proxy that fails entries and
+// whole requests, a Pub/Sub topic on pstest with a reactor that fails whole
+// requests, and a caller that retries each failed or paused message in its
+// own order with the same key.
+
+package actors_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// FauxqsEnv names the variable .ci/fauxqs/start.sh exports.
+const FauxqsEnv = "SINKBATCH_FAUXQS_ENDPOINT"
+
+// Faults are the odds the servers fail: a whole request, or one entry
+// (SQS only: a Pub/Sub Publish succeeds or fails as a whole). Safe for
+// concurrent use.
+type Faults struct {
+	Whole, Entry float64
+	mu           sync.Mutex
+	rng          *rand.Rand
+	Struck       atomic.Int64 // requests or entries failed
+}
+
+// NewFaults returns Faults with a seeded generator.
+func NewFaults(whole, entry float64, seed uint64) *Faults {
+	return &Faults{Whole: whole, Entry: entry, rng: rand.New(rand.NewPCG(seed, 11))}
+}
+
+func (f *Faults) chance(p float64) bool {
+	if p <= 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.Float64() < p
+}
+
+// ---- SQS: fauxqs behind a proxy ----
+
+// SQS is a FIFO queue on fauxqs, with a proxy in front that injects
+// Faults into SendMessageBatch calls.
+type SQS struct {
+	QueueURL string
+	cfg      aws.Config
+	admin    *awssqs.Client
+}
+
+// NewSQS creates a fresh FIFO queue on the fauxqs that .ci/fauxqs/start.sh
+// started, or skips tb.
+func NewSQS(tb testing.TB, f *Faults) *SQS {
+	tb.Helper()
+	ep := os.Getenv(FauxqsEnv)
+	if ep == "" {
+		tb.Skipf("%s is unset: run `eval \"$(bash .ci/fauxqs/start.sh)\"` first", FauxqsEnv)
+	}
+	p := &sqsProxy{target: ep, faults: f, tr: http.DefaultTransport.(*http.Transport).Clone()}
+	p.tr.MaxIdleConnsPerHost = 64
+	srv := httptest.NewServer(p)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	tb.Cleanup(func() {
+		srv.Close()
+		p.tr.CloseIdleConnections()
+		tr.CloseIdleConnections()
+	})
+	base := aws.Config{
+		Region:      "us-east-1",
+		Credentials: credentials.NewStaticCredentialsProvider("AKIDFLOW", "secret-flow", ""),
+		// One attempt: the caller is the layer that retries, and an
+		// injected failure must reach the batcher.
+		Retryer:    func() aws.Retryer { return retry.AddWithMaxAttempts(retry.NewStandard(), 1) },
+		HTTPClient: &http.Client{Transport: tr},
+	}
+	s := &SQS{cfg: base}
+	s.cfg.BaseEndpoint = aws.String(srv.URL)
+	adminCfg := base
+	adminCfg.BaseEndpoint = aws.String(ep)
+	adminCfg.Retryer = func() aws.Retryer { return retry.NewStandard() }
+	s.admin = awssqs.NewFromConfig(adminCfg)
+	name := fmt.Sprintf("flow-%d-%d.fifo", time.Now().UnixNano()%1e9, queueSeq.Add(1))
+	out, err := s.admin.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(name),
+		Attributes: map[string]string{"FifoQueue": "true", "ContentBasedDeduplication": "false"}})
+	if err != nil {
+		tb.Fatalf("create queue: %v", err)
+	}
+	s.QueueURL = aws.ToString(out.QueueUrl)
+	return s
+}
+
+var queueSeq atomic.Int64
+
+// Codec is a codec for the queue, through the proxy.
+func (s *SQS) Codec(tb testing.TB, t codec.Tuning) *sqs.Codec {
+	tb.Helper()
+	c, err := sqs.New(sqs.Config{QueueURL: s.QueueURL, AWS: s.cfg, Tuning: t})
+	if err != nil {
+		tb.Fatalf("sqs codec: %v", err)
+	}
+	return c
+}
+
+// Stored reads the queue back (receiving and deleting) and returns the
+// bodies of each group in sequence-number order, each body once.
+func (s *SQS) Stored(tb testing.TB) map[string][]string {
+	tb.Helper()
+	type msg struct {
+		group, body string
+		seq         string
+	}
+	var all []msg
+	seen := map[string]bool{}
+	for empty := 0; empty < 2; {
+		out, err := s.admin.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
+			QueueUrl: aws.String(s.QueueURL), MaxNumberOfMessages: 10, VisibilityTimeout: 30,
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			tb.Fatalf("receive: %v", err)
+		}
+		if len(out.Messages) == 0 {
+			empty++
+			continue
+		}
+		empty = 0
+		var del []types.DeleteMessageBatchRequestEntry
+		for i, m := range out.Messages {
+			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+			if seen[aws.ToString(m.MessageId)] {
+				continue
+			}
+			seen[aws.ToString(m.MessageId)] = true
+			all = append(all, msg{group: m.Attributes["MessageGroupId"], body: aws.ToString(m.Body), seq: m.Attributes["SequenceNumber"]})
+		}
+		if _, err := s.admin.DeleteMessageBatch(context.Background(), &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.QueueURL), Entries: del}); err != nil {
+			tb.Fatalf("delete: %v", err)
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		a, b := all[i].seq, all[j].seq
+		if len(a) != len(b) {
+			return len(a) < len(b)
+		}
+		return a < b
+	})
+	out := map[string][]string{}
+	for _, m := range all {
+		out[m.group] = append(out[m.group], m.body)
+	}
+	return out
+}
+
+// sqsProxy forwards every call to fauxqs. A SendMessageBatch call fails as
+// a whole (InternalError) with odds Faults.Whole; otherwise each entry fails
+// (InternalError, retryable) with odds Faults.Entry, and so does every later
+// entry of its group in the request, which is then forwarded without them.
+type sqsProxy struct {
+	target string
+	tr     *http.Transport
+	faults *Faults
+}
+
+func (p *sqsProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	var failed []map[string]any
+	if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" && p.faults != nil {
+		if p.faults.chance(p.faults.Whole) {
+			p.faults.Struck.Add(1)
+			awsError(w, http.StatusInternalServerError, "InternalError", "flowtest: the request failed")
+			return
+		}
+		body, failed = p.failEntries(body)
+		if body == nil {
+			writeJSON(w, map[string]any{"Successful": []any{}, "Failed": failed})
+			return
+		}
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	req.Header = r.Header.Clone()
+	req.Header.Del("Content-Length")
+	resp, err := p.tr.RoundTrip(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	if len(failed) > 0 && resp.StatusCode == http.StatusOK {
+		var out map[string]any
+		if json.Unmarshal(answer, &out) == nil {
+			prev, _ := out["Failed"].([]any)
+			for _, f := range failed {
+				prev = append(prev, f)
+			}
+			out["Failed"] = prev
+			writeJSON(w, out)
+			return
+		}
+	}
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(answer)
+}
+
+// failEntries picks the entries that fail and returns the request without
+// them (nil if none is left) and their failure entries.
+func (p *sqsProxy) failEntries(body []byte) ([]byte, []map[string]any) {
+	var req map[string]any
+	if json.Unmarshal(body, &req) != nil {
+		return body, nil
+	}
+	entries, _ := req["Entries"].([]any)
+	stopped := map[string]bool{} // groups with a failed entry in this request
+	var keep []any
+	var failed []map[string]any
+	for _, x := range entries {
+		e, _ := x.(map[string]any)
+		g, _ := e["MessageGroupId"].(string)
+		if stopped[g] || p.faults.chance(p.faults.Entry) {
+			stopped[g] = true
+			p.faults.Struck.Add(1)
+			failed = append(failed, map[string]any{"Id": e["Id"], "Code": "InternalError", "Message": "flowtest: the entry failed", "SenderFault": false})
+			continue
+		}
+		keep = append(keep, x)
+	}
+	if len(failed) == 0 {
+		return body, nil
+	}
+	if len(keep) == 0 {
+		return nil, failed
+	}
+	req["Entries"] = keep
+	out, _ := json.Marshal(req)
+	return out, failed
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+func awsError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+	w.Header().Set("X-Amzn-Query-Error", code+";Receiver")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
+}
+
+// ---- Pub/Sub: pstest with a reactor ----
+
+// PubSub is a topic on pstest, served on a gRPC server of its own; a
+// reactor fails a Publish (Unavailable, retryable) with odds Faults.Whole.
+type PubSub struct {
+	Srv   *pstest.Server
+	Topic string
+	addr  string
+}
+
+type reactor func(*pubsubpb.PublishRequest) (bool, any, error)
+
+func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
+
+// NewPubSub starts pstest; it stops with tb.
+func NewPubSub(tb testing.TB, f *Faults) *PubSub {
+	tb.Helper()
+	react := func(*pubsubpb.PublishRequest) (bool, any, error) {
+		if f != nil && f.chance(f.Whole) {
+			f.Struck.Add(1)
+			return true, nil, status.Error(codes.Unavailable, "flowtest: the request failed")
+		}
+		return false, nil, nil
+	}
+	p := &PubSub{Topic: "projects/flow/topics/ordered"}
+	p.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(react)})
+	if _, err := p.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: p.Topic}); err != nil {
+		tb.Fatalf("create topic: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	g := grpc.NewServer()
+	pubsubpb.RegisterPublisherServer(g, &p.Srv.GServer)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	tb.Cleanup(func() {
+		g.Stop()
+		<-done
+		_ = p.Srv.Close()
+	})
+	p.addr = lis.Addr().String()
+	return p
+}
+
+// Codec is a codec for the topic; it closes with tb.
+func (p *PubSub) Codec(tb testing.TB, t codec.Tuning) *pubsub.Codec {
+	tb.Helper()
+	c, err := pubsub.New(context.Background(), pubsub.Config{Topic: p.Topic, Endpoint: p.addr, Insecure: true, Tuning: t})
+	if err != nil {
+		tb.Fatalf("pubsub codec: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Stored returns each ordering key's bodies in publish order, each once.
+func (p *PubSub) Stored() map[string][]string {
+	out := map[string][]string{}
+	seen := map[string]bool{}
+	for _, m := range p.Srv.Messages() {
+		if seen[string(m.Data)] {
+			continue
+		}
+		seen[string(m.Data)] = true
+		out[m.OrderingKey] = append(out[m.OrderingKey], string(m.Data))
+	}
+	return out
+}
+
+// ---- the caller ----
+
+// Body is the body (and idempotency key) of message i of group g.
+func Body(g string, i int) string { return fmt.Sprintf("%s-%06d", g, i) }
+
+// Callers delivers per messages to each of groups through pid, one
+// goroutine per group: it sends the group's pending messages in order,
+// waits for every answer, and sends the ones that failed (any error but a
+// permanent one, which fails tb) again in the same order with the same key,
+// until none is left. It returns the number of retries.
+func Callers(tb testing.TB, system *actor.ActorSystem, pid *actor.PID, c codec.Codec, groups []string, per int) int64 {
+	var retries atomic.Int64
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pending := make([]int, per)
+			for i := range pending {
+				pending[i] = i
+			}
+			for round := 0; len(pending) > 0; round++ {
+				if round > 1000 {
+					tb.Errorf("group %s: still %d pending after 1000 rounds", g, len(pending))
+					return
+				}
+				futures := make([]*actor.Future, len(pending))
+				for j, i := range pending {
+					b := Body(g, i)
+					futures[j] = system.Root.RequestFuture(pid, &messages.Deliver{Codec: c,
+						Message:  codec.Message{Group: g, Tenant: g, IdempotencyKey: b, Body: []byte(b)},
+						Deadline: time.Now().Add(20 * time.Second)}, 30*time.Second)
+				}
+				var next []int
+				for j, f := range futures {
+					r, err := f.Result()
+					if err == nil {
+						if d, ok := r.(*messages.Delivered); ok {
+							err = d.Err
+						} else {
+							err = fmt.Errorf("answer %T", r)
+						}
+					}
+					if err != nil {
+						if codec.IsPermanent(err) {
+							tb.Errorf("group %s message %d: permanent: %v", g, pending[j], err)
+							continue
+						}
+						next = append(next, pending[j])
+					}
+				}
+				retries.Add(int64(len(next)))
+				pending = next
+			}
+		}()
+	}
+	wg.Wait()
+	return retries.Load()
+}
+
+// Violations counts, in each group's stored bodies, the messages stored
+// after a message the caller first delivered later, and the messages
+// missing.
+func Violations(stored map[string][]string, groups []string, per int) (outOfOrder, missing int) {
+	for _, g := range groups {
+		got := stored[g]
+		highest := -1
+		for _, b := range got {
+			i, _ := strconv.Atoi(b[len(g)+1:])
+			if i < highest {
+				outOfOrder++
+			}
+			highest = max(highest, i)
+		}
+		missing += per - len(got)
+	}
+	return outOfOrder, missing
+}
