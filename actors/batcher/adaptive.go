@@ -1,30 +1,40 @@
 package batcher
 
-import "math"
-
 // This file holds the adaptive in-flight limit (Tuning.Adaptive): an AIMD
 // controller on request time, after Vector's adaptive request concurrency
-// (src/sinks/util/adaptive_concurrency/controller.rs in vectordotdev/vector).
+// (src/sinks/util/adaptive_concurrency/controller.rs in vectordotdev/vector),
+// with one change that keeps the limit below the destination's knee.
 //
-// The limit starts at 1. Request times of successful requests are averaged
-// over a window about one request time long; at the end of each window the
-// window's mean is compared with the baseline, an exponentially weighted
-// mean and variance of past windows' means:
+// The limit starts at 1. The request times of successful requests are
+// averaged over a window about one request time long (Vector's: the
+// exponentially weighted mean of past windows). At the end of each window
+// the window's mean is compared with the baseline:
 //   - the limit grows by 1 if the window's requests reached the limit (there
 //     was demand for more), none met back pressure, and the window's mean is
-//     at most the baseline's mean;
+//     within limiterGood of the baseline;
 //   - it shrinks to ⌊limit × 0.9⌋ (at least by 1, never below 1) if a
 //     request met back pressure (the destination throttled it, or it ran
-//     out of time), or the window's mean reached the baseline's mean plus
-//     2.5 standard deviations.
+//     out of time), or the window's mean is limiterBad times the baseline
+//     or more.
 //
-// Then the window's mean joins the baseline. Like the queue, the limiter
-// reads no clock: now comes in as an argument.
+// Vector's baseline is the exponentially weighted mean of past windows, and
+// it calls a window slow past that mean plus 2.5 standard deviations. That
+// baseline follows request time up as the limit creeps past the knee one
+// step at a time, each step within the deviation, until the destination
+// throttles. Here the baseline is the no-load request time: the lowest
+// window mean seen, and the limit it was seen at. A window whose mean is
+// higher at that limit or a lower one says the destination itself became
+// slower (load cannot explain it), and the baseline moves toward it as an
+// exponentially weighted mean; a higher mean at a higher limit is load, and
+// leaves it. Like the queue, the limiter reads no clock: now comes in as an
+// argument.
 type limiter struct {
 	limit int // the current limit, 1 ≤ limit ≤ max
 	max   int // Tuning.MaxInflight
 
-	past       ewmaVar // the baseline: past windows' mean request times, in seconds
+	past       ewmaVar // past windows' mean request times, in seconds: the window length
+	noLoad     float64 // the baseline, in seconds; 0 until the first window
+	noLoadAt   int     // the limit the baseline was seen at
 	windowSum  float64 // this window's successful request times, in seconds
 	windowN    int
 	nextUpdate int64 // when the window ends (Unix nanoseconds)
@@ -32,11 +42,12 @@ type limiter struct {
 	reached    bool  // requests in flight reached the limit in this window
 }
 
-// The controller's constants, Vector's defaults.
+// The controller's constants.
 const (
-	limiterAlpha     = 0.4 // weight of the newest window in the baseline
-	limiterDeviation = 2.5 // standard deviations above the baseline that count as slow
-	limiterDecrease  = 0.9 // multiplicative decrease
+	limiterAlpha    = 0.4  // weight of the newest window in the window length (Vector's)
+	limiterDecrease = 0.9  // multiplicative decrease (Vector's)
+	limiterGood     = 1.25 // a window this close to the baseline may grow the limit
+	limiterBad      = 1.5  // a window this far above the baseline shrinks it
 )
 
 func newLimiter(max int) *limiter { return &limiter{limit: 1, max: max} }
@@ -67,6 +78,7 @@ func (l *limiter) ended(now, rtt int64, ok, pressured bool) bool {
 	if !l.past.set {
 		if haveCur {
 			l.past.update(cur)
+			l.noLoad, l.noLoadAt = cur, l.limit
 			l.nextUpdate = now + int64(cur*1e9)
 			l.windowSum, l.windowN = 0, 0
 		} else if l.pressured && l.limit > 1 {
@@ -78,15 +90,21 @@ func (l *limiter) ended(now, rtt int64, ok, pressured bool) bool {
 		return false
 	}
 	before := l.limit
-	threshold := math.Sqrt(l.past.variance) * limiterDeviation
 	switch {
-	case l.limit < l.max && l.reached && !l.pressured && haveCur && cur <= l.past.mean:
+	case l.limit < l.max && l.reached && !l.pressured && haveCur && cur <= l.noLoad*limiterGood:
 		l.limit++
-	case l.limit > 1 && (l.pressured || (haveCur && cur >= l.past.mean+threshold)):
+	case l.limit > 1 && (l.pressured || (haveCur && cur >= l.noLoad*limiterBad)):
 		l.decrease()
 	}
 	if haveCur {
 		l.past.update(cur)
+		switch {
+		case cur < l.noLoad:
+			l.noLoad, l.noLoadAt = cur, before
+		case before <= l.noLoadAt:
+			l.noLoad += limiterAlpha * (cur - l.noLoad)
+			l.noLoadAt = before
+		}
 	}
 	l.nextUpdate = now + int64(l.past.mean*1e9)
 	l.windowSum, l.windowN = 0, 0
@@ -99,8 +117,8 @@ func (l *limiter) decrease() bool {
 	return true
 }
 
-// ewmaVar is an exponentially weighted mean and variance (Welford-style
-// incremental form, as Vector's EwmaVar).
+// ewmaVar is an exponentially weighted mean and variance (the incremental
+// form of Vector's EwmaVar).
 type ewmaVar struct {
 	mean, variance float64
 	set            bool
