@@ -47,7 +47,11 @@ const (
 	limiterAlpha    = 0.4  // weight of the newest window in the window length (Vector's)
 	limiterDecrease = 0.9  // multiplicative decrease (Vector's)
 	limiterGood     = 1.25 // a window this close to the baseline may grow the limit
-	limiterBad      = 1.5  // a window this far above the baseline shrinks it
+	limiterBad      = 1.3  // a window this far above the baseline shrinks it
+	// limiterWindow is the window's length in mean request times. Vector's
+	// is 1; 2 halves the noise of a window's mean at a small limit, where a
+	// window holds few requests.
+	limiterWindow = 2
 )
 
 func newLimiter(max int) *limiter { return &limiter{limit: 1, max: max} }
@@ -79,7 +83,7 @@ func (l *limiter) ended(now, rtt int64, ok, pressured bool) bool {
 		if haveCur {
 			l.past.update(cur)
 			l.noLoad, l.noLoadAt = cur, l.limit
-			l.nextUpdate = now + int64(cur*1e9)
+			l.nextUpdate = now + int64(limiterWindow*cur*1e9)
 			l.windowSum, l.windowN = 0, 0
 		} else if l.pressured && l.limit > 1 {
 			return l.decrease()
@@ -106,7 +110,7 @@ func (l *limiter) ended(now, rtt int64, ok, pressured bool) bool {
 			l.noLoadAt = before
 		}
 	}
-	l.nextUpdate = now + int64(l.past.mean*1e9)
+	l.nextUpdate = now + int64(limiterWindow*l.past.mean*1e9)
 	l.windowSum, l.windowN = 0, 0
 	l.pressured, l.reached = false, false
 	return l.limit != before

@@ -273,33 +273,50 @@ func TestStrictPauseTakesOutWaiters(t *testing.T) {
 	assert.Equal(t, 0, d.q.queued)
 }
 
-// The limiter grows by one per window while request time stays at its
-// baseline and requests reach the limit, and shrinks by 0.9 (at least one)
-// on throttling or when request time rises past the baseline's deviation.
-// It never leaves [1, max].
+// The limiter grows by one per window while request time stays near its
+// no-load baseline and requests reach the limit, and shrinks by 0.9 (at
+// least one) on throttling or when request time rises past 1.3 × the
+// baseline. It never leaves [1, max], and it learns a destination that
+// became slower for good.
 func TestLimiterAIMD(t *testing.T) {
 	const rtt = int64(5 * time.Millisecond)
 	l := newLimiter(8)
 	now := int64(0)
-	step := func(n int, d int64, ok, pressured bool) {
-		for range n {
+	// window runs requests of d, each reaching the limit, until a window
+	// ends.
+	window := func(d int64, ok, pressured bool) {
+		for {
+			due := !l.past.set || now+d >= l.nextUpdate
 			l.started(l.limit)
 			now += d
 			l.ended(now, d, ok, pressured)
+			if due {
+				return
+			}
 		}
 	}
-	step(40, rtt, true, false)
+	for range 40 {
+		window(rtt, true, false)
+	}
 	assert.Equal(t, 8, l.limit, "steady request time: grows to the max and stays")
-	step(1, rtt, false, true)
+	window(rtt, false, true)
 	assert.Equal(t, 7, l.limit, "throttled: ⌊8×0.9⌋")
-	step(3, rtt, false, true)
+	for range 3 {
+		window(rtt, false, true)
+	}
 	assert.Equal(t, 4, l.limit)
-	step(1, 4*rtt, true, false)
-	assert.Less(t, l.limit, 4, "request time far above the baseline")
+	window(rtt*14/10, true, false)
+	assert.Equal(t, 3, l.limit, "request time 1.4 × the baseline")
+	window(rtt*12/10, true, false)
+	assert.Equal(t, 4, l.limit, "1.2 × the baseline is near enough to grow")
 	for range 50 {
-		step(1, rtt, false, true)
+		window(rtt, false, true)
 	}
 	assert.Equal(t, 1, l.limit, "never below 1")
+	for range 30 {
+		window(2*rtt, true, false)
+	}
+	assert.Greater(t, l.limit, 4, "a destination twice as slow at limit 1 is the new baseline")
 
 	idle := newLimiter(8)
 	for i := range 40 {
