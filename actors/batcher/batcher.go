@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -278,10 +277,16 @@ func (b *Batcher) deliver(c caller) {
 		b.current = caller{}
 		b.reply(c, codec.Result{Err: messages.ErrBatcherDown})
 	default:
-		after := time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
+		err := b.retryAfter(a.reason)
 		b.p.Recorder.Refused(a.reason)
 		b.current = caller{}
-		b.reply(c, codec.Result{Err: &messages.RetryAfterError{After: after, Reason: a.reason}})
+		b.reply(c, codec.Result{Err: err})
+	}
+	if a.evicted != nil {
+		// After c is settled: a panic in the Recorder must not leave c
+		// both current and queued.
+		b.reply(a.evicted.to, codec.Result{Err: b.retryAfter(messages.FullEntries)})
+		b.p.Recorder.Refused(messages.FullEntries)
 	}
 }
 

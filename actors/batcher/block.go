@@ -91,6 +91,45 @@ func (q *queue) wait(e *entry) bool {
 	return true
 }
 
+// evictFor makes room in a full waiting list for e, fairly: it removes and
+// returns the newest waiter of the tenant with the most waiters, if that
+// tenant has more than e's tenant would have with e, so that a tenant that
+// floods cannot keep the others from waiting. It removes nothing that a
+// later waiter of its group stands behind (that waiter would overtake it),
+// and returns nil when it removes nothing. The removed waiter was never
+// queued: it is answered as a refusal.
+func (q *queue) evictFor(e *entry) *entry {
+	w := &q.waits
+	var fat *waitTenant
+	for _, t := range w.order {
+		if fat == nil || t.live > fat.live {
+			fat = t
+		}
+	}
+	mine := 1
+	if t := w.tenants[e.msg.Tenant]; t != nil {
+		mine += t.live
+	}
+	if fat == nil || fat.live <= mine {
+		return nil
+	}
+	var last *entry
+	for i := len(fat.entries) - 1; i >= fat.head; i-- {
+		if x := fat.entries[i]; !x.waitGone {
+			last = x
+			break
+		}
+	}
+	if g := last.msg.Group; g != "" {
+		f := w.groups[g]
+		if f.entries[len(f.entries)-1] != last {
+			return nil
+		}
+	}
+	w.remove(last)
+	return last
+}
+
 // promote admits waiters while they fit, round-robin across tenants, and
 // returns those it found abandoned (deadline passed, caller gone), to be
 // answered. It stops when a whole turn admits nothing.

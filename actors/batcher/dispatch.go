@@ -83,6 +83,9 @@ type admission struct {
 	// WhenFull Block: the entry waits for room (ok is false); stopped, it
 	// did not fit while Stop drains, and is answered ErrStopped.
 	waiting, stopped bool
+	// evicted is a waiter that gave its place to this entry (block.go),
+	// to be answered as a refusal.
+	evicted *entry
 }
 
 // admit queues e at now. When e does not fit, it sweeps the queue for room
@@ -116,6 +119,11 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 			a.stopped = true
 		} else {
 			a.waiting = d.q.wait(e)
+			if !a.waiting {
+				if a.evicted = d.q.evictFor(e); a.evicted != nil {
+					a.waiting = d.q.wait(e)
+				}
+			}
 		}
 	}
 	// The pause ends only if the retry is in: a retry refused for

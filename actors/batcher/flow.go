@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -129,4 +130,11 @@ func (b *Batcher) endFlow(err error) {
 	if err == messages.ErrStopped && b.p.Tuning.Adaptive {
 		b.recordLimit(0)
 	}
+}
+
+// retryAfter is the answer to a delivery refused for reason: a
+// *messages.RetryAfterError drawn uniformly from (0, RetryAfterMax].
+func (b *Batcher) retryAfter(reason messages.FullReason) error {
+	after := time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
+	return &messages.RetryAfterError{After: after, Reason: reason}
 }
