@@ -223,8 +223,12 @@ func (i *Instance) Stats() Stats {
 // linger) and waits for its requests in flight; when every delivery received
 // before Stop is answered, the batchers and their supervisor are stopped and
 // the PID is unregistered. If ctx ends first, whatever is still queued or in
-// flight is answered with ErrStopped, in-flight requests are cancelled, and
-// Stop returns an error wrapping ctx.Err(). Stop may be called more than
+// flight, and every delivery still on its way to a batcher's mailbox, is
+// answered with ErrStopped before Stop returns (protoactor would drop a
+// stopped actor's mailbox silently), in-flight requests are cancelled, and
+// Stop returns an error wrapping ctx.Err(). That last answering takes a
+// moment, not a request; only a codec stuck in Size or Validate can hold it
+// up, and Stop waits for that at most 5s more. Stop may be called more than
 // once; later calls wait for the first.
 func (i *Instance) Stop(ctx context.Context) error {
 	err := i.sup.Stop(ctx)
