@@ -107,7 +107,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 				return telemetry.Gauges{}
 			}
 			s := sup.Stats()
-			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes}
+			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes, InFlight: s.InFlight}
 		})
 		if err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // Idle tells the batcher's parent that it has had nothing queued or in flight
@@ -106,6 +107,8 @@ type Batcher struct {
 	log       *slog.Logger
 	validator codec.Validator
 	tickMsg   *tick
+	// deliveries is the Recorder's DeliveryRecorder, if it has one.
+	deliveries telemetry.DeliveryRecorder
 
 	// Touched by the actor alone.
 	now            int64 // Unix nanoseconds when the message being handled arrived
@@ -181,6 +184,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.self = ctx.Self()
 	b.log = b.p.Logger
 	b.validator, _ = b.p.Codec.(codec.Validator)
+	b.deliveries, _ = b.p.Recorder.(telemetry.DeliveryRecorder)
 	b.tickMsg = &tick{}
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
@@ -248,7 +252,7 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(c, codec.Result{Err: err})
 		return
 	}
-	e := &entry{msg: &d.Message, to: c, size: max(size, 0), deadline: deadline}
+	e := &entry{msg: &d.Message, to: c, size: max(size, 0), deadline: deadline, admitted: b.now}
 	// Room held by callers that gave up is not room: look for them when one
 	// may have (a deadline passed, a Deliver caller cancelled), and at most
 	// every fullSweepEvery otherwise, for the actor callers that stopped

@@ -21,6 +21,7 @@ type entry struct {
 	to       caller         // who is answered; the rules never look inside
 	size     int            // Codec.Size of the message
 	deadline int64          // Unix nanoseconds after which the entry is abandoned
+	admitted int64          // Unix nanoseconds when it was admitted (for the queue wait)
 	tenant   *tenant
 	lane     *lane
 	dead     bool // removed from the queue while still in its lane's slice

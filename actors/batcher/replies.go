@@ -1,10 +1,15 @@
 package batcher
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // This file is how a batcher answers its callers: straight to a Listener the
@@ -47,6 +52,9 @@ func listenerOf(d *messages.Deliver) Listener {
 // (which drops the answer to a call that is over), else with a
 // *messages.Delivered. A nil sender is nobody.
 func (b *Batcher) reply(c caller, r codec.Result) {
+	if b.deliveries != nil {
+		b.answered(r.Err)
+	}
 	if c.sender == nil {
 		return
 	}
@@ -55,6 +63,37 @@ func (b *Batcher) reply(c caller, r codec.Result) {
 		return
 	}
 	tell(b.system, c.sender, &messages.Delivered{Ref: c.deliver.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+}
+
+// answered counts an answer by its outcome. A panic in the Recorder is
+// logged, not raised: this runs on request goroutines too.
+func (b *Batcher) answered(err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Answered panicked", slog.Any("panic", r))
+		}
+	}()
+	b.deliveries.Answered(outcomeOf(err))
+}
+
+// outcomeOf classifies an answer for the deliveries counter.
+func outcomeOf(err error) telemetry.Outcome {
+	var full *messages.RetryAfterError
+	switch {
+	case err == nil:
+		return telemetry.OutcomeOK
+	case err == messages.ErrStopped:
+		return telemetry.OutcomeStopped
+	case err == messages.ErrBatcherDown:
+		return telemetry.OutcomeDown
+	case errors.As(err, &full):
+		return telemetry.OutcomeRefused
+	case errors.Is(err, context.DeadlineExceeded):
+		return telemetry.OutcomeDeadline
+	case codec.IsPermanent(err):
+		return telemetry.OutcomePermanent
+	}
+	return telemetry.OutcomeRetryable
 }
 
 // tell sends msg to pid if pid is still registered. A caller that gave up

@@ -48,6 +48,19 @@ func (b *Batcher) flushed(report telemetry.Flush) {
 	b.p.Recorder.Flushed(report)
 }
 
+// waited records how long each of f's entries waited for its request. A
+// panic in the Recorder is logged, not raised.
+func (b *Batcher) waited(f *inflight, start int64) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Waited panicked", slog.Any("panic", r))
+		}
+	}()
+	for _, e := range f.entries {
+		b.deliveries.Waited(time.Duration(start - e.admitted))
+	}
+}
+
 // buffers are a request goroutine's slices, reused from one of its requests
 // to the next. SendBatch does not keep its batch (see codec.Codec).
 type buffers struct {
@@ -74,6 +87,9 @@ func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
 		report.Bytes += e.size
 	}
 	start := time.Now()
+	if b.deliveries != nil {
+		b.waited(f, start.UnixNano())
+	}
 	report.Requests, _ = b.bisect(f.ctx, msgs, results)
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
