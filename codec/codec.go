@@ -212,6 +212,15 @@ type Validator interface {
 	Validate(m Message) error
 }
 
+// Describer is implemented by codecs that name their destination for
+// tracing, as the OpenTelemetry messaging conventions do: System is the
+// messaging.system ("aws_sqs", "gcp_pubsub"), Destination the
+// messaging.destination.name (the queue or topic name; never a secret: it
+// is put on every span). A codec without it is traced under its Name().
+type Describer interface {
+	Describe() (system, destination string)
+}
+
 var (
 	// ErrRefused is wrapped by a SendBatch error when the destination refused
 	// the whole request for its content.
