@@ -9,12 +9,17 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors/supervisor"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
+
+// TracerName is the instrumentation scope of the tracer the instance takes
+// from Config.TracerProvider.
+const TracerName = "github.com/ankusa/sinkbatch"
 
 // Defaults for a zero Config field.
 const (
@@ -43,6 +48,13 @@ type Config struct {
 	// Recorder receives flushes and refusals instead of MeterProvider, for
 	// a metrics system of your own. Set one of the two at most.
 	Recorder telemetry.Recorder
+	// TracerProvider receives the instance's OpenTelemetry spans: a create
+	// span per delivery, a child of the caller's span, and a send span per
+	// request, linked to its messages' create spans (see package batcher);
+	// each message carries its create span's context to the consumer, as
+	// its codec writes it. nil: no spans, at the cost of a nil check.
+	// sinkbatch never touches the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Stats is a snapshot of an instance's batchers and queues.
@@ -61,6 +73,7 @@ type Instance struct {
 	sup     *supervisor.Supervisor
 	timeout time.Duration
 	metrics *telemetry.OTel // nil without a MeterProvider
+	tracing bool            // Config.TracerProvider is set
 	waiters waiters
 	started atomic.Pointer[supervisor.Supervisor] // sup, for the gauge callback
 }
@@ -96,7 +109,11 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	if cfg.MeterProvider != nil && cfg.Recorder != nil {
 		return nil, fmt.Errorf("sinkbatch: Config.MeterProvider and Config.Recorder are both set; set one")
 	}
-	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
+	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout, tracing: cfg.TracerProvider != nil}
+	var tracer trace.Tracer
+	if cfg.TracerProvider != nil {
+		tracer = cfg.TracerProvider.Tracer(TracerName)
+	}
 	inst.waiters = waiters{system: system, prefix: "sinkbatch-" + cfg.Name + "$reply"}
 	if cfg.MeterProvider != nil {
 		// The gauges may be collected before Start has set inst.sup: they
@@ -123,6 +140,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		DefaultTimeout:  cfg.DefaultTimeout,
 		Logger:          cfg.Logger,
 		Recorder:        cfg.Recorder,
+		Tracer:          tracer,
 	})
 	if err != nil {
 		if inst.metrics != nil {
@@ -186,7 +204,11 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		defer w.disarm()
 	}
 	sender := w.begin(i.system.Address())
-	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}, sender)
+	d := &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}
+	if i.tracing {
+		d.SpanContext = trace.SpanContextFromContext(ctx)
+	}
+	i.system.Root.RequestWithCustomSender(i.sup.PID(), d, sender)
 	select {
 	case r := <-w.answer:
 		if r.Err != nil {

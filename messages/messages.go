@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ankusa/sinkbatch/codec"
 )
 
@@ -24,6 +26,11 @@ type Deliver struct {
 	Deadline time.Time
 	// Ref is the caller's own correlation value, echoed in Delivered.Ref.
 	Ref any
+	// SpanContext is the caller's span when the instance traces
+	// (actors.Config.TracerProvider): the delivery's create span is its
+	// child, and the message carries the create span's context to its
+	// consumer. Instance.Deliver sets it from its ctx. Zero: a new trace.
+	SpanContext trace.SpanContext
 }
 
 // Delivered is the answer to a Deliver.

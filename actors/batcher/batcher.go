@@ -109,6 +109,7 @@ type Batcher struct {
 	tickMsg   *tick
 	// deliveries is the Recorder's DeliveryRecorder, if it has one.
 	deliveries telemetry.DeliveryRecorder
+	tracing    *tracing // nil: the instance does not trace
 
 	// Touched by the actor alone.
 	now            int64 // Unix nanoseconds when the message being handled arrived
@@ -185,6 +186,9 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.log = b.p.Logger
 	b.validator, _ = b.p.Codec.(codec.Validator)
 	b.deliveries, _ = b.p.Recorder.(telemetry.DeliveryRecorder)
+	if b.p.Tracer != nil {
+		b.tracing = newTracing(b.p.Tracer, b.p.Codec, b.p.Sink)
+	}
 	b.tickMsg = &tick{}
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
@@ -227,6 +231,21 @@ func (b *Batcher) deliver(c caller) {
 		// lookup, so those are found by the sweeps.)
 		return
 	}
+	msg := &d.Message
+	if b.tracing != nil {
+		// The message carries the create span's context to its consumer;
+		// Validate and Size see it as it will be sent. The front door's
+		// Deliver (it names a Listener) is the batcher's to change; an
+		// actor's is not, so its message is copied.
+		c.span = b.tracing.startCreate(d.SpanContext)
+		if tc := traceContext(c.span.SpanContext()); tc != (codec.TraceContext{}) {
+			if listenerOf(d) == nil {
+				m := d.Message
+				msg = &m
+			}
+			msg.Trace = tc
+		}
+	}
 	// c stays current until it is queued or answered: if a panic comes in
 	// between (the Recorder is user code), the restart answers it.
 	b.current = c
@@ -238,11 +257,11 @@ func (b *Batcher) deliver(c caller) {
 	if deadline <= b.now {
 		err = errExpired
 	} else {
-		err = b.validate(d.Message)
+		err = b.validate(*msg)
 	}
 	size := 0
 	if err == nil {
-		size, err = b.size(d.Message)
+		size, err = b.size(*msg)
 	}
 	if err == nil && size > b.p.Tuning.MaxBytes {
 		err = fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
@@ -252,7 +271,7 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(c, codec.Result{Err: err})
 		return
 	}
-	e := &entry{msg: &d.Message, to: c, size: max(size, 0), deadline: deadline, admitted: b.now}
+	e := &entry{msg: msg, to: c, size: max(size, 0), deadline: deadline, admitted: b.now}
 	// Room held by callers that gave up is not room: look for them when one
 	// may have (a deadline passed, a Deliver caller cancelled), and at most
 	// every fullSweepEvery otherwise, for the actor callers that stopped

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -26,6 +28,7 @@ type Counters struct {
 // incarnations, Stop's drain) lives here rather than in the actor.
 type Params struct {
 	Name   string // the destination's name: the actor's name, in logs
+	Sink   string // Codec.Name(), read once by the supervisor
 	Codec  codec.Codec
 	Tuning codec.Tuning // resolved by Resolve: no zero field
 	// OneGroup is Limits().OneGroupPerRequest: each batch holds one group.
@@ -33,6 +36,7 @@ type Params struct {
 	DefaultTimeout time.Duration
 	Logger         *slog.Logger
 	Recorder       telemetry.SinkRecorder
+	Tracer         trace.Tracer // nil: no spans
 	Counters       *Counters
 	Requests       *sync.WaitGroup // request goroutines; Stop waits for them
 	// Cancels counts the instance's Deliver callers that gave up before

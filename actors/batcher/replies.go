@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -20,6 +21,7 @@ import (
 type caller struct {
 	deliver *messages.Deliver
 	sender  *actor.PID // nil: nobody is answered
+	span    trace.Span // the delivery's create span; nil when the instance does not trace
 }
 
 // Listener is a reply process that serves many calls, told apart by the
@@ -54,6 +56,9 @@ func listenerOf(d *messages.Deliver) Listener {
 func (b *Batcher) reply(c caller, r codec.Result) {
 	if b.deliveries != nil {
 		b.answered(r.Err)
+	}
+	if c.span != nil {
+		endCreate(c.span, r)
 	}
 	if c.sender == nil {
 		return
@@ -130,6 +135,8 @@ func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 	for _, e := range dropped {
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
+		} else if e.to.span != nil {
+			abandonCreate(e.to.span)
 		}
 	}
 }
