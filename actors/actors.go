@@ -169,6 +169,10 @@ func (nilContextError) PermanentFailure() bool { return true }
 // deadline, or DefaultTimeout when ctx has none; if ctx ends first, Deliver
 // returns ctx.Err() and m is never sent unless its batch already left.
 //
+// m's Body and Attributes are read until m's request has ended, which can be
+// after Deliver returned on a cancelled ctx: do not change them after the
+// call (hand Deliver a buffer of its own, as with an http.Request's body).
+//
 // Deliver is a request-reply like protoactor's RequestFuture, on reply
 // processes of its own (see waiter): protoactor's Future writes a reply
 // outside its lock, so a reply racing a timeout or a cancel is a data race

@@ -12,7 +12,9 @@ import (
 )
 
 // Deliver asks for one message to be sent to the destination its Codec
-// describes. Send it with a sender (ctx.Request, RequestFuture) to the
+// describes. Its Message (Body, Attributes) is read until the message's
+// request has ended, which can be after the caller stopped waiting: do not
+// change it after sending the Deliver. Send it with a sender (ctx.Request, RequestFuture) to the
 // instance's PID; the answer is one *Delivered, sent once the message's result
 // is known. A Deliver sent without a sender is sent all the same, and nobody is
 // answered.

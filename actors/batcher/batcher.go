@@ -249,7 +249,7 @@ func (b *Batcher) deliver(c caller) {
 	// c stays current until it is queued or answered: if a panic comes in
 	// between (the Recorder is user code), the restart answers it.
 	b.current = c
-	deadline := b.now + int64(b.p.DefaultTimeout)
+	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
 		deadline = unixNano(d.Deadline)
 	}
@@ -307,6 +307,16 @@ func unixNano(t time.Time) int64 {
 		return math.MinInt64
 	}
 	return t.UnixNano()
+}
+
+// addSat is a+d for a time a and a duration d ≥ 0, saturated at
+// math.MaxInt64 ("never"): a Tuning or DefaultTimeout of hundreds of years
+// must not overflow into the past.
+func addSat(a, d int64) int64 {
+	if a > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return a + d
 }
 
 var (
@@ -405,7 +415,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		// Deliveries answered without being queued (too large, invalid,
 		// expired) raced the report, so the supervisor kept the batcher:
 		// report again, at most once per IdleTimeout.
-		if again := b.idleReportTime + int64(b.p.Tuning.IdleTimeout); b.now >= again {
+		if again := addSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
 			b.reportIdle(ctx)
 		} else {
 			wake = minWake(wake, again)
@@ -417,7 +427,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
 			b.reportIdle(ctx)
 		} else {
-			wake = minWake(wake, b.idleSince+int64(b.p.Tuning.IdleTimeout))
+			wake = minWake(wake, addSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
 		}
 	}
 	b.arm(wake)
@@ -452,7 +462,7 @@ func (b *Batcher) answerAll(err error) {
 }
 
 func (b *Batcher) arm(wake int64) {
-	if wake == 0 || (b.armed != 0 && b.armed <= wake) {
+	if wake == 0 || wake == math.MaxInt64 || (b.armed != 0 && b.armed <= wake) {
 		return
 	}
 	d := time.Duration(max(wake-b.now, 0))

@@ -175,7 +175,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = q.lingerFrom + q.s.linger
+		w = addSat(q.lingerFrom, q.s.linger)
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)
