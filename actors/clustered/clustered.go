@@ -86,8 +86,8 @@ type Node struct {
 	sub      *eventstream.Subscription
 	leaving  atomic.Bool
 	inflight sync.WaitGroup // Deliver calls and actor-form deliveries
-	left     chan struct{} // closed when Leave returns
-	quit     chan struct{} // closed when Leave gives up waiting
+	left     chan struct{}  // closed when Leave returns
+	quit     chan struct{}  // closed when Leave gives up waiting
 	leaveErr error
 	once     sync.Once
 }

@@ -61,7 +61,7 @@ type grain struct {
 	codec       codec.Codec
 	state       grainState
 	awaiting    map[string]bool // members whose HandoffDone is missing
-	buffered    []parked         // deliveries received while waiting, in order
+	buffered    []parked        // deliveries received while waiting, in order
 	timer       *time.Timer
 }
 
