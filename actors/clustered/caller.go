@@ -158,9 +158,6 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	if err := ctx.Err(); err != nil {
 		return codec.Result{}, err
 	}
-	if n.self.Load() == nil {
-		return codec.Result{}, fmt.Errorf("%w: the node is not attached to a cluster", ErrUnreachable)
-	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		var cancel context.CancelFunc
@@ -233,7 +230,7 @@ func (n *Node) pause(ctx context.Context, d time.Duration) error {
 // the answer: a reply, a dead letter, memberLeft. A nil answer with an error
 // means the ctx ended or the node gave up first.
 func (n *Node) request(ctx context.Context, pid *actor.PID, msg any) (any, error) {
-	self := n.self.Load()
+	self := n.PID()
 	id, c := n.calls.begin(pid.Address)
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)

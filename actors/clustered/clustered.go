@@ -82,7 +82,7 @@ type Node struct {
 	cache  pidCache
 
 	cluster  atomic.Pointer[cluster.Cluster]
-	self     atomic.Pointer[actor.PID] // the endpoint's PID, set by Attach
+	self     atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
 	sub      *eventstream.Subscription
 	leaving  atomic.Bool
 	inflight sync.WaitGroup // Deliver calls and actor-form deliveries
@@ -118,6 +118,17 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	n.calls.m = map[uint32]*call{}
 	n.cache.m = map[string]*actor.PID{}
 	n.kind = cluster.NewKind(Kind, actor.PropsFromProducer(func() actor.Actor { return &grain{n: n} }))
+	// The endpoint and the topology are in place before StartMember, which
+	// publishes the first topologies and serves grains a second before it
+	// returns.
+	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, endpointID); !ok {
+		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken (one node per actor system)", endpointID)
+	}
+	n.sub = system.EventStream.Subscribe(func(evt any) {
+		if t, ok := evt.(*cluster.ClusterTopology); ok {
+			n.onTopology(t)
+		}
+	})
 	return n, nil
 }
 
@@ -145,18 +156,8 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 		n.log.Warn("sinkbatch: cluster member listens beyond loopback without transport credentials: anyone who reaches it can publish to every destination with this member's credentials; use clustered.TLSOptions",
 			slog.String("address", n.system.Address()))
 	}
-	self := actor.NewPID(n.system.Address(), endpointID)
-	if _, ok := n.system.ProcessRegistry.Add(&endpoint{n: n}, endpointID); !ok {
-		return fmt.Errorf("sinkbatch: clustered.Attach: process %q is taken (one node per actor system)", endpointID)
-	}
-	n.self.Store(self)
-	n.sub = n.system.EventStream.Subscribe(func(evt any) {
-		if t, ok := evt.(*cluster.ClusterTopology); ok {
-			n.onTopology(t)
-		}
-	})
-	// A topology published before the subscription is in the member list.
-	if n.topo.hash == 0 {
+	// A topology published before New subscribed is in the member list.
+	if n.topo.empty() {
 		ms := c.MemberList.Members()
 		n.topo.update(ms.TopologyHash(), ms.Members())
 	}
@@ -185,12 +186,16 @@ func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message)
 }
 
 // PID is where actors send *Deliver, with ctx.Request or a future, to be
-// answered with one *messages.Delivered whose Ref is the Deliver's.
+// answered with one *messages.Delivered whose Ref is the Deliver's. Ask for
+// it after StartMember: the PID holds the member's address.
 func (n *Node) PID() *actor.PID {
-	if pid := n.self.Load(); pid != nil {
+	addr := n.system.Address()
+	if pid := n.self.Load(); pid != nil && pid.Address == addr {
 		return pid
 	}
-	return actor.NewPID(n.system.Address(), endpointID)
+	pid := actor.NewPID(addr, endpointID)
+	n.self.Store(pid)
+	return pid
 }
 
 // Deliver is the actor form of Node.Deliver: send it to Node.PID.
@@ -272,12 +277,10 @@ func (n *Node) Leave(ctx context.Context) error {
 			n.calls.failAll()
 		}
 		if c := n.cluster.Load(); c != nil {
-			if n.sub != nil {
-				n.system.EventStream.Unsubscribe(n.sub)
-			}
 			c.Shutdown(true)
-			n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
 		}
+		n.system.EventStream.Unsubscribe(n.sub)
+		n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
 		<-drained
 	})
 	<-n.left

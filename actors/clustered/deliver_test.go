@@ -54,7 +54,7 @@ func TestOneBatcherPerDestination(t *testing.T) {
 	for _, d := range dests {
 		senders := 0
 		for mi, m := range ms {
-			if n := len(m.codecs[d].Sent()); n > 0 {
+			if n := len(m.fake(d).Sent()); n > 0 {
 				senders++
 				owners[mi]++
 				assert.Equal(t, len(ms)*perMember, n, "destination %s: member %d sent a part", d, mi)

@@ -189,7 +189,7 @@ func (g *grain) admit(b parked) {
 		Message:  fromWire(b.req.Message),
 		Deadline: b.deadline,
 		Ref:      &admission{destination: g.destination, replyTo: b.sender},
-	}, n.self.Load())
+	}, n.PID())
 }
 
 // yield stops admitting for good: buffered deliveries are refused, the

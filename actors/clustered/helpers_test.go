@@ -36,7 +36,7 @@ type member struct {
 	inst    *actors.Instance
 	node    *clustered.Node
 	cluster *cluster.Cluster
-	codecs  map[string]*fakecodec.Codec
+	codecs  map[string]codec.Codec
 	gone    bool
 }
 
@@ -48,12 +48,13 @@ type memberOpts struct {
 	provider cluster.ClusterProvider
 	remote   []remote.ConfigOption
 	host     string
+	port     int // the remote's port; 0: any
 	logger   *slog.Logger
 	// noCleanup: the caller leaves the member (startTestCluster leaves
 	// all of its members at once).
 	noCleanup bool
 	// codec builds this member's codec for a destination name.
-	codec func(name string) *fakecodec.Codec
+	codec func(name string) codec.Codec
 }
 
 // startMember starts one member whose destinations are names, each a fake
@@ -67,10 +68,10 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
 	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
 	require.NoError(t, err)
-	m := &member{system: system, inst: inst, codecs: map[string]*fakecodec.Codec{}}
+	m := &member{system: system, inst: inst, codecs: map[string]codec.Codec{}}
 	dests := clustered.Destinations{}
 	for _, name := range names {
-		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+		var c codec.Codec = fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		if o.codec != nil {
 			c = o.codec(name)
 		}
@@ -83,7 +84,7 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	cfg := cluster.Configure("sinkbatch-test", o.provider, disthash.New(), remote.Configure(host, 0, o.remote...),
+	cfg := cluster.Configure("sinkbatch-test", o.provider, disthash.New(), remote.Configure(host, o.port, o.remote...),
 		cluster.WithKinds(m.node.Kind()))
 	m.cluster = cluster.New(system, cfg)
 	m.cluster.StartMember()
@@ -160,3 +161,6 @@ func names(n int) []string {
 	}
 	return out
 }
+
+// fake is m's codec for name, a fake.
+func (m *member) fake(name string) *fakecodec.Codec { return m.codecs[name].(*fakecodec.Codec) }

@@ -63,3 +63,10 @@ func (t *topology) others(self string) []string {
 	}
 	return out
 }
+
+// empty reports whether no member list was taken yet.
+func (t *topology) empty() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.rdv == nil
+}
