@@ -14,6 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
@@ -77,6 +78,8 @@ type Node struct {
 	kind   *cluster.Kind
 
 	topo   topology
+	cutMu  sync.Mutex
+	cut    map[string]time.Time // members whose connection was lost, and when (last time)
 	ledger *ledger
 	calls  calls
 	cache  pidCache
@@ -116,6 +119,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	}
 	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
+	n.cut = map[string]time.Time{}
 	n.cache.m = map[string]*actor.PID{}
 	n.kind = cluster.NewKind(Kind, actor.PropsFromProducer(func() actor.Actor { return &grain{n: n} }))
 	// The endpoint and the topology are in place before StartMember, which
@@ -125,8 +129,11 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken (one node per actor system)", endpointID)
 	}
 	n.sub = system.EventStream.Subscribe(func(evt any) {
-		if t, ok := evt.(*cluster.ClusterTopology); ok {
-			n.onTopology(t)
+		switch e := evt.(type) {
+		case *cluster.ClusterTopology:
+			n.onTopology(e)
+		case *remote.EndpointTerminatedEvent:
+			n.onCut(e.Address)
 		}
 	})
 	return n, nil
@@ -173,6 +180,25 @@ func (n *Node) onTopology(t *cluster.ClusterTopology) {
 	for _, m := range t.Left {
 		n.calls.failMember(m.Address())
 	}
+}
+
+// onCut takes protoactor's word that the connection to address is lost or
+// could not be made: calls to it are answered ErrUnreachable at once, and
+// grains waiting for its hand-off stop waiting (see grain.ask).
+func (n *Node) onCut(address string) {
+	n.cutMu.Lock()
+	n.cut[address] = time.Now()
+	n.cutMu.Unlock()
+	n.calls.failMember(address)
+}
+
+// cutSince reports whether the connection to address was lost at or after
+// t.
+func (n *Node) cutSince(address string, t time.Time) bool {
+	n.cutMu.Lock()
+	defer n.cutMu.Unlock()
+	at, ok := n.cut[address]
+	return ok && !at.Before(t)
 }
 
 // Deliver sends m to destination's batcher, on whichever member owns it,

@@ -1,6 +1,7 @@
 package clustered
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -22,6 +23,10 @@ const (
 	// its stop and its name's removal are dropped without an answer; by
 	// lingering, the callers that still hold its PID learn to look again.
 	yieldLinger = 250 * time.Millisecond
+	// handoffGiveUp is how long a member's HandoffRequests must keep
+	// coming back as dead letters (it cannot be connected to) before a
+	// waiting grain stops waiting for it.
+	handoffGiveUp = time.Second
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
@@ -60,8 +65,10 @@ type grain struct {
 	destination string
 	codec       codec.Codec
 	state       grainState
-	awaiting    map[string]bool // members whose HandoffDone is missing
-	buffered    []parked        // deliveries received while waiting, in order
+	awaiting    map[string]bool      // members whose HandoffDone is missing
+	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
+	askedAt     time.Time            // when the grain began to wait
+	buffered    []parked             // deliveries received while waiting, in order
 	timer       *time.Timer
 }
 
@@ -82,6 +89,10 @@ func (g *grain) Receive(ctx actor.Context) {
 		if g.state == waiting {
 			delete(g.awaiting, m.Member)
 			g.ask(ctx, false)
+		}
+	case *actor.DeadLetterResponse:
+		if g.state == waiting && m.Target != nil {
+			g.unreachable(ctx, m.Target.Address)
 		}
 	case retryTick:
 		if g.state == waiting {
@@ -111,6 +122,7 @@ func (g *grain) start(ctx actor.Context, destination string) {
 		return
 	}
 	g.awaiting = map[string]bool{}
+	g.askedAt = time.Now()
 	for _, a := range g.n.topo.others(g.n.system.Address()) {
 		g.awaiting[a] = true
 	}
@@ -118,11 +130,14 @@ func (g *grain) start(ctx actor.Context, destination string) {
 }
 
 // ask sends a HandoffRequest to each member still awaited (if send), and
-// admits once none is. Members that left the topology are not awaited:
-// what they held is lost with them.
+// admits once none is. Members that left the topology are not awaited, nor
+// are those protoactor lost its connection to while the grain waited:
+// what they held is lost with them, as with a crash. (A connection that
+// drops while a live member still has a request in flight lets that
+// request overlap the new owner's; the package doc says so.)
 func (g *grain) ask(ctx actor.Context, send bool) {
 	for a := range g.awaiting {
-		if !g.n.topo.has(a) {
+		if !g.n.topo.has(a) || g.n.cutSince(a, g.askedAt) {
 			delete(g.awaiting, a)
 		}
 	}
@@ -143,6 +158,31 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 			ctx.Request(actor.NewPID(a, endpointID), req)
 		}
 		g.after(ctx, handoffRetry, retryTick{})
+	}
+}
+
+// unreachable notes that a HandoffRequest to member came back undelivered:
+// the member cannot be connected to. Once that has lasted handoffGiveUp the
+// grain stops waiting for it, as for a member that left: a member nobody can
+// reach can hold no delivery from them. (It may hold its own callers'
+// deliveries: see the package doc on partitions.)
+func (g *grain) unreachable(ctx actor.Context, member string) {
+	if !g.awaiting[member] {
+		return
+	}
+	if g.unreached == nil {
+		g.unreached = map[string]time.Time{}
+	}
+	since, seen := g.unreached[member]
+	if !seen {
+		g.unreached[member] = time.Now()
+		return
+	}
+	if time.Since(since) >= handoffGiveUp {
+		g.n.log.Warn("sinkbatch: taking a destination over without the hand-off of a member that cannot be reached",
+			slog.String("destination", g.destination), slog.String("member", member))
+		delete(g.awaiting, member)
+		g.ask(ctx, false)
 	}
 }
 

@@ -49,6 +49,7 @@ type memberOpts struct {
 	remote   []remote.ConfigOption
 	host     string
 	port     int // the remote's port; 0: any
+	retries  int // the remote's MaxRetryCount (2 s each); 0: protoactor's default
 	logger   *slog.Logger
 	// noCleanup: the caller leaves the member (startTestCluster leaves
 	// all of its members at once).
@@ -84,7 +85,11 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	cfg := cluster.Configure("sinkbatch-test", o.provider, disthash.New(), remote.Configure(host, o.port, o.remote...),
+	rc := remote.Configure(host, o.port, o.remote...)
+	if o.retries > 0 {
+		rc.MaxRetryCount = o.retries
+	}
+	cfg := cluster.Configure("sinkbatch-test", o.provider, disthash.New(), rc,
 		cluster.WithKinds(m.node.Kind()))
 	m.cluster = cluster.New(system, cfg)
 	m.cluster.StartMember()
