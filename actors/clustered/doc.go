@@ -71,9 +71,15 @@
 // slowest delivery across a join or leave took about 1 s, against 0.3 s in
 // steady state.
 //
+// A new owner does not wait for a member it cannot talk to: one that left
+// its topology, or one protoactor lost (or could not make) the connection
+// to while it waited. A connection that drops while a live old owner still
+// has a request in flight can therefore let that request overlap the new
+// owner's first one.
+//
 // A member crashes: what it held is answered ErrUnreachable as soon as the
-// provider drops the member from the topology, at the callers' deadlines at
-// the latest; it may have been sent. Nothing acknowledged is lost (an answer
+// provider drops the member from the topology or protoactor loses its
+// connection, at the callers' deadlines at the latest; it may have been sent. Nothing acknowledged is lost (an answer
 // is sent only after the destination accepted the message). Deliveries to
 // its destinations succeed again once the provider drops it: the new owner
 // does not wait for a member that is no longer in its topology (TestCrash).
@@ -103,7 +109,9 @@
 // (TestMutualTLS). Attach logs a WARN when the member listens beyond
 // loopback and its remote serves without TLS. The provider's own channel
 // (the automanaged health port, Consul, etcd, Kubernetes) decides
-// membership and needs protecting on its own terms.
+// membership and needs protecting on its own terms: a stranger the provider
+// lists gets nothing and sends nothing through TLS, but the destinations the
+// hash gives it are unreachable (ErrUnreachable) until the provider drops it.
 //
 // # Logs
 //
