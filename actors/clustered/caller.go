@@ -135,11 +135,10 @@ func (p *pidCache) clear() {
 // its message id and, where the destination assigns one, its sequence
 // number.
 func (n *Node) DeliverResult(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
-	if n.leaving.Load() {
+	if !n.inflight.enter() {
 		return codec.Result{}, messages.ErrStopped
 	}
-	n.inflight.Add(1)
-	defer n.inflight.Done()
+	defer n.inflight.exit()
 	return n.deliver(ctx, destination, m)
 }
 

@@ -88,9 +88,9 @@ type Node struct {
 	self     atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
 	sub      *eventstream.Subscription
 	leaving  atomic.Bool
-	inflight sync.WaitGroup // Deliver calls and actor-form deliveries
-	left     chan struct{}  // closed when Leave returns
-	quit     chan struct{}  // closed when Leave gives up waiting
+	inflight callers       // Deliver calls and actor-form deliveries in progress
+	left     chan struct{} // closed when Leave returns
+	quit     chan struct{} // closed when Leave gives up waiting
 	leaveErr error
 	once     sync.Once
 }
@@ -247,15 +247,14 @@ func (d *Deliver) LogValue() slog.Value {
 
 // deliverFor answers an actor-form Deliver from its own goroutine.
 func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
-	if n.leaving.Load() {
+	if !n.inflight.enter() {
 		if sender != nil {
 			n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: messages.ErrStopped})
 		}
 		return
 	}
-	n.inflight.Add(1)
 	go func() {
-		defer n.inflight.Done()
+		defer n.inflight.exit()
 		ctx, cancel := context.Background(), context.CancelFunc(func() {})
 		if !d.Deadline.IsZero() {
 			ctx, cancel = context.WithDeadline(ctx, d.Deadline)
@@ -287,10 +286,11 @@ func (n *Node) Leave(ctx context.Context) error {
 		for _, g := range grains {
 			n.system.Root.Send(g, yield{})
 		}
+		done := n.inflight.close()
 		drained := make(chan struct{})
 		go func() {
 			<-idle
-			n.inflight.Wait()
+			<-done
 			close(drained)
 		}()
 		select {
@@ -320,4 +320,49 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// callers counts a node's deliveries in progress, and tells Leave when none
+// is left once it closed the count to newcomers. Safe for concurrent use.
+type callers struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed once closed and n is 0
+}
+
+// enter counts a delivery in, unless Leave has begun.
+func (c *callers) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.n++
+	return true
+}
+
+// exit counts a delivery out.
+func (c *callers) exit() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n--
+	if c.closed && c.n == 0 && c.zero != nil {
+		close(c.zero)
+		c.zero = nil
+	}
+}
+
+// close refuses newcomers and returns a channel closed once none is left.
+func (c *callers) close() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	ch := make(chan struct{})
+	if c.n == 0 {
+		close(ch)
+	} else {
+		c.zero = ch
+	}
+	return ch
 }

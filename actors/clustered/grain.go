@@ -68,6 +68,8 @@ type grain struct {
 	awaiting    map[string]bool      // members whose HandoffDone is missing
 	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
 	askedAt     time.Time            // when the grain began to wait
+	ownedAt     uint64               // the topology version owns was computed for
+	owns        bool                 // the member owns destination in that version
 	buffered    []parked             // deliveries received while waiting, in order
 	timer       *time.Timer
 }
@@ -116,7 +118,7 @@ func (g *grain) Receive(ctx actor.Context) {
 func (g *grain) start(ctx actor.Context, destination string) {
 	g.destination = destination
 	g.codec = g.n.cfg.Destinations[destination]
-	if g.codec == nil || g.n.topo.owner(destination) != g.n.system.Address() ||
+	if g.codec == nil || !g.owned() ||
 		!g.n.ledger.register(destination, ctx.Self()) {
 		g.yield(ctx)
 		return
@@ -195,13 +197,23 @@ func (g *grain) after(ctx actor.Context, d time.Duration, msg any) {
 	g.timer = time.AfterFunc(d, func() { root.Send(self, msg) })
 }
 
+// owned reports whether the member owns the destination in the latest
+// topology, computing it once per topology version.
+func (g *grain) owned() bool {
+	if v := g.n.topo.version.Load(); v != g.ownedAt || v == 0 {
+		g.ownedAt = v
+		g.owns = g.n.topo.owner(g.destination) == g.n.system.Address()
+	}
+	return g.owns
+}
+
 // deliver takes one delivery.
 func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID) {
 	if g.codec == nil && g.state != yielding {
 		g.reply(sender, &clusterpb.DeliverReply{Error: encodeError(ErrUnknownDestination)})
 		return
 	}
-	if g.state != yielding && (g.n.topo.owner(g.destination) != g.n.system.Address() || g.n.leaving.Load()) {
+	if g.state != yielding && (!g.owned() || g.n.leaving.Load()) {
 		g.yield(ctx)
 	}
 	b := parked{req: req, sender: sender, deadline: time.Now().Add(time.Duration(req.BudgetNanos))}

@@ -2,6 +2,7 @@ package clustered
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/cluster"
 )
@@ -11,6 +12,7 @@ import (
 // a destination's grain on, by the same rendezvous hash. Safe for
 // concurrent use.
 type topology struct {
+	version atomic.Uint64 // bumped by each update, after it
 	mu      sync.RWMutex
 	rdv     *cluster.Rendezvous
 	members map[string]bool // addresses of the members that host Kind
@@ -30,6 +32,7 @@ func (t *topology) update(hash uint64, members []*cluster.Member) {
 	t.mu.Lock()
 	t.rdv, t.members, t.hash = rdv, set, hash
 	t.mu.Unlock()
+	t.version.Add(1)
 }
 
 // owner is the address of the member that owns destination, "" if no
