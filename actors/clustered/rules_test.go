@@ -101,6 +101,9 @@ func TestRules(t *testing.T) {
 		_, err := other.node.Deliver(short, "gated", codec.Message{Body: []byte("late")})
 		cancelShort()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
+		// The owner's deadline is the caller's plus the request's transit:
+		// wait until the owner's batcher has dropped the entry.
+		require.Eventually(t, func() bool { return owner.inst.Stats().Queued == 0 }, 5*time.Second, time.Millisecond)
 		closeOnce.Do(func() { close(release) })
 		require.NoError(t, <-blocked)
 		// Ask again to be sure "late" had every chance to be sent.
