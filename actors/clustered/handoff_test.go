@@ -40,8 +40,9 @@ func TestJoinHandsOff(t *testing.T) {
 	l.finish()
 
 	missing, violations := l.check(w)
-	t.Logf("join: %d delivered, %d requests, longest gap between successes %v, slowest delivery %v, join took %v",
-		len(l.acked), w.requests.Load(), l.gap(), l.maxLat, time.Since(joined))
+	before, after := l.slowest(joined)
+	t.Logf("join: %d delivered, %d requests, longest gap between successes %v, slowest delivery before the join %v, from it on %v",
+		len(l.acked), w.requests.Load(), l.gap(), before, after)
 	assert.Zero(t, w.overlaps.Load(), "requests of one group in flight at once")
 	assert.Zero(t, violations, "order violations")
 	assert.Zero(t, missing, "acknowledged but missing")
@@ -75,8 +76,9 @@ func TestLeaveHandsOff(t *testing.T) {
 	l.finish()
 
 	missing, violations := l.check(w)
-	t.Logf("leave: %d delivered, %d requests, longest gap between successes %v, slowest delivery %v, Leave took %v",
-		len(l.acked), w.requests.Load(), l.gap(), l.maxLat, leaveTook)
+	before, after := l.slowest(left)
+	t.Logf("leave: %d delivered, %d requests, longest gap between successes %v, slowest delivery before the leave %v, from it on %v, Leave took %v",
+		len(l.acked), w.requests.Load(), l.gap(), before, after, leaveTook)
 	assert.Zero(t, w.overlaps.Load(), "requests of one group in flight at once")
 	assert.Zero(t, violations, "order violations")
 	assert.Zero(t, missing, "acknowledged but missing")

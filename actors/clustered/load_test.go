@@ -105,6 +105,7 @@ type load struct {
 	acked  map[string]string // body → message id
 	errs   map[string]int    // error text class → count
 	done   []time.Time       // when each success was answered
+	lats   []time.Duration   // and how long it took, from its first attempt
 	maxLat time.Duration
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -147,6 +148,7 @@ func (l *load) caller(m *member, dest, group, caller string) {
 		if err == nil {
 			l.acked[body] = id
 			l.done = append(l.done, time.Now())
+			l.lats = append(l.lats, lat)
 			l.maxLat = max(l.maxLat, lat)
 		} else {
 			l.errs[classify(err)]++
@@ -230,3 +232,18 @@ func (l *load) check(w *watched) (missing, violations int) {
 }
 
 var _ = remote.Configure
+
+// slowest is the longest delivery answered before t, and the longest
+// answered after it.
+func (l *load) slowest(t time.Time) (before, after time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, at := range l.done {
+		if at.Before(t) {
+			before = max(before, l.lats[i])
+		} else {
+			after = max(after, l.lats[i])
+		}
+	}
+	return before, after
+}

@@ -64,7 +64,10 @@ func servesPlaintext(address string) bool {
 	}
 	conn, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 2*time.Second)
 	if err != nil {
-		return false
+		// An advertised address may not route back to the member itself.
+		if conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), 2*time.Second); err != nil {
+			return false
+		}
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
