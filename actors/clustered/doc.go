@@ -62,14 +62,15 @@
 // that grain admitted, and only then says it is done. So no group ever has
 // two requests in flight and admission order holds across the move
 // (TestJoinHandsOff and TestLeaveHandsOff count overlaps at the server: 0).
-// The price is a pause for the destinations that move: until every member
-// has seen the new topology (deliveries bounce between members meanwhile)
-// plus the time the old owner takes to drain what it holds. Leave drains
-// before the member leaves the topology, so there the pause is the
-// provider's propagation of the departure. Measured on loopback with the
-// automanaged provider polling every 200 ms and a 300 ms destination: the
-// slowest delivery across a join or leave took about 1 s, against 0.3 s in
-// steady state.
+// The price is a pause for the destinations that move. On a join, their
+// deliveries bounce between members until every member has seen the new
+// topology, and the new owner then waits for the old one to drain what it
+// holds. On a leave, the leaving member stops admitting, drains, and only
+// then leaves the topology: its destinations' deliveries bounce from the
+// moment it stops admitting until every member has seen it go. Measured on
+// loopback with the automanaged provider polling every 200 ms and a
+// destination that answers in 300 ms: the slowest delivery took 1.1 s
+// across a join and 1.3 s across a leave, against 0.3-0.6 s before it.
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, or one protoactor lost (or could not make) the connection
