@@ -125,7 +125,9 @@ type Batcher struct {
 	lastFullSweep  int64
 	// The delivery being handled, until it is queued or answered: a panic
 	// in between leaves it here for Restarting to answer.
-	current   caller
+	current caller
+	// launched is step's buffer, reused from message to message.
+	launched  []*inflight
 	published struct {
 		queued, inflight int
 		bytes            int64
@@ -376,16 +378,14 @@ func (b *Batcher) size(m codec.Message) (n int, err error) {
 // counters, report idleness or the end of a drain, and arm the timer for
 // the next thing that will be due without a message.
 func (b *Batcher) advance(ctx actor.Context) {
-	for {
-		f, dropped := b.d.launch(b.now)
-		b.answerDropped(dropped, b.now)
-		if f == nil {
-			break
-		}
+	launched, dropped, st := b.d.step(b.now, b.launched[:0])
+	b.answerDropped(dropped, b.now)
+	for i, f := range launched {
 		b.p.Requests.Add(1)
 		go b.run(f)
+		launched[i] = nil
 	}
-	st := b.d.status(b.now)
+	b.launched = launched
 	if st.sweepDue {
 		b.answerDropped(b.d.sweep(b.now), b.now)
 	}
