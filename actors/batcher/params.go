@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"fmt"
+	"math"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,8 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	if lim.MaxEntries <= 0 {
 		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxEntries %d is not positive", c.Name(), lim.MaxEntries))
 	}
-	if lim.MaxBytes <= 0 {
-		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes))
+	if lim.MaxBytes <= 0 || lim.MaxBytes > math.MaxInt32 {
+		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not in [1, 2 GiB)", c.Name(), lim.MaxBytes))
 	}
 	t := c.Tuning()
 	if err := t.Check(lim); err != nil {

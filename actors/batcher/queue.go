@@ -19,12 +19,14 @@ import (
 type entry struct {
 	msg      *codec.Message // its Tenant and Group place the entry
 	to       caller         // who is answered; the rules never look inside
-	size     int            // Codec.Size of the message
 	deadline int64          // Unix nanoseconds after which the entry is abandoned
 	admitted int64          // Unix nanoseconds when it was admitted (for the queue wait)
 	tenant   *tenant
 	lane     *lane
-	dead     bool // removed from the queue while still in its lane's slice
+	// size is Codec.Size of the message: at most a request's MaxBytes. An
+	// int32 beside dead keeps an entry in a smaller size class.
+	size int32
+	dead bool // removed from the queue while still in its lane's slice
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
@@ -262,13 +264,13 @@ func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 		b.dropped = append(b.dropped, e)
 		return false, false
 	}
-	if b.bytes+e.size > q.s.maxBytes {
+	if b.bytes+int(e.size) > q.s.maxBytes {
 		return false, true
 	}
 	q.pop(l)
 	l.skipDead()
 	b.batch = append(b.batch, e)
-	b.bytes += e.size
+	b.bytes += int(e.size)
 	return true, false
 }
 

@@ -86,7 +86,7 @@ func (b *Batcher) request(f *inflight, buf *buffers) telemetry.Flush {
 	report := telemetry.Flush{Trigger: f.trigger, Entries: n}
 	for i, e := range f.entries {
 		msgs[i] = *e.msg
-		report.Bytes += e.size
+		report.Bytes += int(e.size)
 	}
 	start := time.Now()
 	if b.deliveries != nil {
