@@ -2,8 +2,8 @@ package batcher
 
 import (
 	"fmt"
-	"math"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
