@@ -247,8 +247,9 @@ func (i *Instance) Stats() Stats {
 // Stop stops the instance, in this order: new deliveries are answered with
 // messages.ErrStopped; every batcher sends what it has queued at once (no
 // linger) and waits for its requests in flight; when every delivery received
-// before Stop is answered, the batchers and their supervisor are stopped and
-// the PID is unregistered. If ctx ends first, whatever is still queued or in
+// before Stop is answered, the batchers and their supervisor are stopped; the
+// PID stays registered and answers later senders ErrStopped (a new instance
+// of the same name takes it over). If ctx ends first, whatever is still queued or in
 // flight, and every delivery still on its way to a batcher's mailbox, is
 // answered with ErrStopped before Stop returns (protoactor would drop a
 // stopped actor's mailbox silently), in-flight requests are cancelled, and

@@ -51,7 +51,10 @@ type Delivered struct {
 
 var (
 	// ErrStopped answers deliveries that reach an instance that is stopping
-	// or stopped, and those still queued when Stop's context expires.
+	// or stopped, and, when Stop's context expires, every delivery the
+	// instance still holds: queued ones were never sent, but one whose
+	// request was in flight may have been stored. Retry with the same
+	// idempotency key.
 	ErrStopped = errors.New("sinkbatch: instance stopped")
 	// ErrBatcherDown answers every delivery a batcher held, queued or in a
 	// request, when it crashed and was restarted: the message may or may not

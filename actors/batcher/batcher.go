@@ -65,6 +65,11 @@ const (
 // GetPriority puts done messages first in the mailbox.
 func (*done) GetPriority() int8 { return priorityFirst }
 
+// GetPriority puts Abort first in the mailbox: the deliveries queued behind
+// it are then answered ErrStopped at once instead of being admitted, so
+// Stop's short grace covers a mailbox of any length.
+func (*Abort) GetPriority() int8 { return priorityFirst }
+
 // GetPriority puts goroutinePanic first in the mailbox.
 func (*goroutinePanic) GetPriority() int8 { return priorityFirst }
 
@@ -120,7 +125,6 @@ type Batcher struct {
 	idleReportedAt uint64 // the Received count of the last Idle
 	idleReportTime int64
 	drainedSent    bool
-	aborted        bool   // Stop's context ended: every delivery is answered ErrStopped
 	cancelsSeen    uint64 // Params.Cancels at the last sweep for room
 	lastFullSweep  int64
 	// The delivery being handled, until it is queued or answered: a panic
@@ -161,7 +165,7 @@ func (b *Batcher) receive(ctx actor.Context) {
 		b.p.drain = m
 		b.d.setDraining()
 	case *Abort:
-		b.aborted = true
+		b.p.aborted = true
 		b.d.setDraining()
 		b.answerAll(messages.ErrStopped)
 	case *goroutinePanic:
@@ -219,7 +223,7 @@ func (b *Batcher) end(err error) {
 // too large, refused for fullness, or the incarnation is down.
 func (b *Batcher) deliver(c caller) {
 	b.p.received++
-	if b.aborted {
+	if b.p.aborted {
 		// Stop's context ended: what was still on its way is answered, not
 		// queued.
 		b.reply(c, codec.Result{Err: messages.ErrStopped})
@@ -402,7 +406,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 	// message that follows.
 	wake := st.wake
 	switch {
-	case b.aborted:
+	case b.p.aborted:
 		// Everything held was answered ErrStopped; requests still running
 		// answer nobody. What matters is that every delivery on its way
 		// has arrived, and been answered, before the batcher stops.

@@ -50,6 +50,7 @@ type Params struct {
 	goroutines   atomic.Int64 // request goroutines running, of every incarnation
 	received     uint64       // deliveries received, across restarts; only the actor touches it
 	drain        *Drain       // Stop's drain, once begun: a restart does not end it
+	aborted      bool         // Stop's context ended: every delivery is answered ErrStopped, across restarts too
 	incarnations uint64       // incarnations of the actor object, across restarts
 }
 
