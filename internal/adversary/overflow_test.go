@@ -1,7 +1,8 @@
 package adversary_test
 
-// Durations a user may set to mean "never" (math.MaxInt64), added to the
-// batcher's clock without saturating.
+// Durations a user may set to mean "never" (math.MaxInt64): added to the
+// batcher's clock, they must saturate rather than overflow into the past
+// (found by this package; fixed in d486a59).
 
 import (
 	"context"
@@ -20,11 +21,10 @@ import (
 )
 
 // A Config.DefaultTimeout of math.MaxInt64 ("no timeout": Start accepts it)
-// is added to the batcher's clock for a *messages.Deliver with no Deadline:
-// the sum overflows into the past, and every such delivery is answered
-// "the deadline passed" without being sent.
+// is added to the batcher's clock for a *messages.Deliver with no Deadline;
+// were the sum to overflow into the past, every such delivery would be
+// answered "the deadline passed" without being sent.
 func TestDefaultTimeoutForever(t *testing.T) {
-	skipUnfixed(t, "DefaultTimeout math.MaxInt64 overflows: an actor's delivery with no Deadline is answered expired")
 	system, inst := testinst.Start(t, actors.Config{Name: "forever", DefaultTimeout: math.MaxInt64})
 	c := fakecodec.New("forever", codec.Limits{MaxEntries: 10, MaxBytes: 100})
 	res, err := system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("x")}}, answerWithin).Result()
@@ -34,13 +34,11 @@ func TestDefaultTimeoutForever(t *testing.T) {
 
 // A Tuning.IdleTimeout of math.MaxInt64 ("never stop idle": Tuning.Check
 // accepts it) is added to the clock when the new batcher arms its idle
-// timer: the wake time overflows into the past, and wake-now overflows
-// back to the far future, so the timer is set for never while the batcher
-// notes it as armed for a time before every other. It never arms again: a
-// lone message waits for a Linger tick that never comes, and its caller
-// gets no answer until its own deadline.
+// timer. Were the wake time to overflow into the past, wake-now would
+// overflow back to the far future: the timer set for never while the
+// batcher notes it as armed before every other time, and never armed
+// again, so a lone message would wait for a Linger tick that never comes.
 func TestIdleTimeoutForever(t *testing.T) {
-	skipUnfixed(t, "IdleTimeout math.MaxInt64 overflows when the timer is armed: no Linger tick ever fires, a lone message is never sent")
 	_, inst := testinst.Start(t, actors.Config{Name: "idleforever"})
 	c := fakecodec.New("idleforever", codec.Limits{MaxEntries: 10, MaxBytes: 100})
 	c.Tune = codec.Tuning{IdleTimeout: math.MaxInt64}
@@ -51,12 +49,11 @@ func TestIdleTimeoutForever(t *testing.T) {
 }
 
 // A Tuning.Linger of math.MaxInt64 ("send full batches only": Tuning.Check
-// accepts it) breaks the timer the same way once a message is queued: the
-// entry's deadline then never wakes the batcher, so an actor caller that
-// waits for its answer is not answered at its deadline (here its future
-// times out instead), and the batcher never stops idle.
+// accepts it) would break the timer the same way once a message is queued:
+// the entry's deadline would never wake the batcher, so an actor caller
+// would not be answered at its deadline (its future would time out
+// instead), and the batcher would never stop idle.
 func TestLingerForever(t *testing.T) {
-	skipUnfixed(t, "Linger math.MaxInt64 overflows when the timer is armed: a queued entry is not answered at its deadline")
 	system, inst := testinst.Start(t, actors.Config{Name: "lingerforever"})
 	c := fakecodec.New("lingerforever", codec.Limits{MaxEntries: 10, MaxBytes: 100})
 	c.Tune = codec.Tuning{Linger: math.MaxInt64}
