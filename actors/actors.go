@@ -9,12 +9,17 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors/supervisor"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
+
+// TracerName is the instrumentation scope of the tracer the instance takes
+// from Config.TracerProvider.
+const TracerName = "github.com/ankusa/sinkbatch"
 
 // Defaults for a zero Config field.
 const (
@@ -43,6 +48,13 @@ type Config struct {
 	// Recorder receives flushes and refusals instead of MeterProvider, for
 	// a metrics system of your own. Set one of the two at most.
 	Recorder telemetry.Recorder
+	// TracerProvider receives the instance's OpenTelemetry spans: a create
+	// span per delivery, a child of the caller's span, and a send span per
+	// request, linked to its messages' create spans (see package batcher);
+	// each message carries its create span's context to the consumer, as
+	// its codec writes it. nil: no spans, at the cost of a nil check.
+	// sinkbatch never touches the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Stats is a snapshot of an instance's batchers and queues.
@@ -62,6 +74,7 @@ type Instance struct {
 	sup     *supervisor.Supervisor
 	timeout time.Duration
 	metrics *telemetry.OTel // nil without a MeterProvider
+	tracing bool            // Config.TracerProvider is set
 	waiters waiters
 	started atomic.Pointer[supervisor.Supervisor] // sup, for the gauge callback
 }
@@ -97,7 +110,11 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	if cfg.MeterProvider != nil && cfg.Recorder != nil {
 		return nil, fmt.Errorf("sinkbatch: Config.MeterProvider and Config.Recorder are both set; set one")
 	}
-	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
+	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout, tracing: cfg.TracerProvider != nil}
+	var tracer trace.Tracer
+	if cfg.TracerProvider != nil {
+		tracer = cfg.TracerProvider.Tracer(TracerName)
+	}
 	inst.waiters = waiters{system: system, prefix: "sinkbatch-" + cfg.Name + "$reply"}
 	if cfg.MeterProvider != nil {
 		// The gauges may be collected before Start has set inst.sup: they
@@ -108,7 +125,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 				return telemetry.Gauges{}
 			}
 			s := sup.Stats()
-			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes}
+			return telemetry.Gauges{Batchers: s.Batchers, Queued: s.Queued, QueuedBytes: s.QueuedBytes, InFlight: s.InFlight}
 		})
 		if err != nil {
 			return nil, err
@@ -124,6 +141,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		DefaultTimeout:  cfg.DefaultTimeout,
 		Logger:          cfg.Logger,
 		Recorder:        cfg.Recorder,
+		Tracer:          tracer,
 	})
 	if err != nil {
 		if inst.metrics != nil {
@@ -151,6 +169,10 @@ func (nilContextError) PermanentFailure() bool { return true }
 // (see package messages for what each error means). It waits until ctx's
 // deadline, or DefaultTimeout when ctx has none; if ctx ends first, Deliver
 // returns ctx.Err() and m is never sent unless its batch already left.
+//
+// m's Body and Attributes are read until m's request has ended, which can be
+// after Deliver returned on a cancelled ctx: do not change them after the
+// call (hand Deliver a buffer of its own, as with an http.Request's body).
 //
 // Deliver is a request-reply like protoactor's RequestFuture, on reply
 // processes of its own (see waiter): protoactor's Future writes a reply
@@ -187,7 +209,11 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		defer w.disarm()
 	}
 	sender := w.begin(i.system.Address())
-	i.system.Root.RequestWithCustomSender(i.sup.PID(), &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}, sender)
+	d := &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}
+	if i.tracing {
+		d.SpanContext = trace.SpanContextFromContext(ctx)
+	}
+	i.system.Root.RequestWithCustomSender(i.sup.PID(), d, sender)
 	select {
 	case r := <-w.answer:
 		if r.Err != nil {
@@ -222,10 +248,15 @@ func (i *Instance) Stats() Stats {
 // Stop stops the instance, in this order: new deliveries are answered with
 // messages.ErrStopped; every batcher sends what it has queued at once (no
 // linger) and waits for its requests in flight; when every delivery received
-// before Stop is answered, the batchers and their supervisor are stopped and
-// the PID is unregistered. If ctx ends first, whatever is still queued or in
-// flight is answered with ErrStopped, in-flight requests are cancelled, and
-// Stop returns an error wrapping ctx.Err(). Stop may be called more than
+// before Stop is answered, the batchers and their supervisor are stopped; the
+// PID stays registered and answers later senders ErrStopped (a new instance
+// of the same name takes it over). If ctx ends first, whatever is still queued or in
+// flight, and every delivery still on its way to a batcher's mailbox, is
+// answered with ErrStopped before Stop returns (protoactor would drop a
+// stopped actor's mailbox silently), in-flight requests are cancelled, and
+// Stop returns an error wrapping ctx.Err(). That last answering takes a
+// moment, not a request; only a codec stuck in Size or Validate can hold it
+// up, and Stop waits for that at most 5s more. Stop may be called more than
 // once; later calls wait for the first.
 func (i *Instance) Stop(ctx context.Context) error {
 	err := i.sup.Stop(ctx)

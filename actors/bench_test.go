@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
@@ -85,8 +86,12 @@ type overheadRig struct {
 }
 
 func newOverheadRig(b *testing.B) *overheadRig {
+	return newOverheadRigWith(b, actors.Config{Name: "bench"})
+}
+
+func newOverheadRigWith(b *testing.B, cfg actors.Config) *overheadRig {
 	system := quietSystem()
-	inst, err := actors.Start(system, actors.Config{Name: "bench"})
+	inst, err := actors.Start(system, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -164,6 +169,36 @@ func BenchmarkOverheadRatio(b *testing.B) {
 		}
 	}
 	b.ReportMetric(base.Seconds()/ours.Seconds(), "ratio")
+}
+
+// BenchmarkTracingOverhead measures Instance.Deliver with tracing off and
+// with a TracerProvider whose sampler never samples (the spans are started,
+// their context carried, nothing recorded), in alternating rounds of the
+// same run, beside the bare protoactor round trip. It reports
+// never-sampled deliveries/s divided by untraced ones (goal ≥ 0.9), and
+// each against protoactor.
+func BenchmarkTracingOverhead(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	off := newOverheadRigWith(b, actors.Config{Name: "bench-off"})
+	never := newOverheadRigWith(b, actors.Config{Name: "bench-never", TracerProvider: tp})
+	const round = 20000
+	var base, offT, neverT time.Duration
+	for range max(b.N/round, 1) {
+		for _, m := range []struct {
+			call func(context.Context) error
+			sum  *time.Duration
+		}{{off.baseline, &base}, {off.deliver, &offT}, {never.deliver, &neverT}} {
+			d, err := run(round, m.call)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*m.sum += d
+		}
+	}
+	b.ReportMetric(offT.Seconds()/neverT.Seconds(), "never/off")
+	b.ReportMetric(base.Seconds()/offT.Seconds(), "off/protoactor")
+	b.ReportMetric(base.Seconds()/neverT.Seconds(), "never/protoactor")
 }
 
 // boundRig starts an instance and a codec whose requests take latency.

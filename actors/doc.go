@@ -24,12 +24,18 @@
 //
 // # Failure
 //
-// A batcher that panics is restarted at once (never given up on: protoactor
+// A codec that panics in Size or Validate fails that message alone, with a
+// permanent error wrapping codec.ErrCodecPanic; one that panics in SendBatch,
+// or returns the wrong number of results, fails that batch only. A request
+// the destination refuses for its content is bisected until the refused
+// messages stand alone; a group whose message fails retryably in one half is
+// held back in the later halves (messages.GroupPausedError), so no later
+// message of it is stored first. A batcher that panics (its own code, or a
+// Recorder it calls) is restarted at once (never given up on: protoactor
 // drops messages to a stopped actor silently); everything it held is
 // answered with messages.ErrBatcherDown and the requests it had in flight
-// are cancelled. A codec that panics in SendBatch, or returns the wrong
-// number of results, fails that batch only. A request the destination
-// refuses for its content is bisected until the refused messages stand alone.
+// are cancelled. The supervisor never panics: user code it calls runs under
+// a recover.
 //
 // # Lifecycle
 //

@@ -826,7 +826,8 @@ func TestBadCodecsAreRefusedAtOnce(t *testing.T) {
 	}{
 		{"nil codec", nil, "nil codec"},
 		{"no entries", fakecodec.New("a", codec.Limits{MaxEntries: 0, MaxBytes: 10}), "Limits().MaxEntries 0 is not positive"},
-		{"no bytes", fakecodec.New("b", codec.Limits{MaxEntries: 1, MaxBytes: -1}), "Limits().MaxBytes -1 is not positive"},
+		{"no bytes", fakecodec.New("b", codec.Limits{MaxEntries: 1, MaxBytes: -1}), "Limits().MaxBytes -1 is not in [1, 2 GiB)"},
+		{"too many bytes", fakecodec.New("b2", codec.Limits{MaxEntries: 1, MaxBytes: 1 << 31}), "Limits().MaxBytes 2147483648 is not in [1, 2 GiB)"},
 		{"negative linger", &fakecodec.Codec{ID: "c", Lim: lim10, Tune: codec.Tuning{Linger: -time.Second}}, "Tuning.Linger -1s is negative"},
 		{"above the limit", &fakecodec.Codec{ID: "d", Lim: lim10, Tune: codec.Tuning{MaxEntries: 11}}, "Tuning.MaxEntries 11 is above the destination's limit 10"},
 		{"negative queue", &fakecodec.Codec{ID: "e", Lim: lim10, Tune: codec.Tuning{QueueMax: -1}}, "Tuning.QueueMax -1 is negative"},

@@ -17,18 +17,17 @@ import (
 const maxPooledWaiters = 1 << 14
 
 // waiter is a reply process for Deliver calls, one call at a time. It stays
-// registered between calls (registering a process per call was a fifth of
-// Deliver's cost); each call is told apart by the RequestId of the sender PID
-// it hands out, so an answer to an abandoned call is dropped, and a batcher
-// asking Listening learns that the call's caller is gone.
+// registered between calls, so a call costs no registration; each call is
+// told apart by the RequestId of the sender PID it hands out, so an answer
+// to an abandoned call is dropped, and a batcher asking Listening learns
+// that the call's caller is gone.
 type waiter struct {
 	id     string
 	answer chan codec.Result
 	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
 	seq    uint32        // the last RequestId handed out; only its caller touches it
 	// timer is DefaultTimeout for calls whose ctx has no deadline; only its
-	// caller touches it. Reused rather than made per call: a timer was an
-	// eighth of the bytes a delivery allocates.
+	// caller touches it. Reused from call to call, so a call allocates none.
 	timer *time.Timer
 	// direct is the Ref of w's deliveries: it names w to the batcher.
 	direct batcher.Direct

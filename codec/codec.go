@@ -212,12 +212,23 @@ type Validator interface {
 	Validate(m Message) error
 }
 
+// Describer is implemented by codecs that name their destination for
+// tracing, as the OpenTelemetry messaging conventions do: System is the
+// messaging.system ("aws_sqs", "gcp_pubsub"), Destination the
+// messaging.destination.name (the queue or topic name; never a secret: it
+// is put on every span). A codec without it is traced under its Name().
+type Describer interface {
+	Describe() (system, destination string)
+}
+
 var (
 	// ErrRefused is wrapped by a SendBatch error when the destination refused
 	// the whole request for its content.
 	ErrRefused = errors.New("sinkbatch: the destination refused the request")
 	// ErrTooLarge is wrapped by the answer to a message whose Size alone
-	// exceeds the destination's MaxBytes.
+	// exceeds what one request may carry: Tuning.MaxBytes (which defaults
+	// to, and may only tighten, Limits.MaxBytes), or a limit of the codec's
+	// own (an SQS queue's MaximumMessageSize).
 	ErrTooLarge = errors.New("sinkbatch: message too large")
 	// ErrResultCount is wrapped by the answer to every message of a batch
 	// whose SendBatch returned a result slice of the wrong length. The
@@ -287,17 +298,42 @@ func (e *EntryError) Error() string {
 // Validate panicked). ErrCodecPanic from SendBatch and ErrResultCount are
 // not permanent: the whole batch got them, whatever its messages hold, and
 // the request may have been made.
+//
+// Where err's chain holds more than one of these, the first one met
+// decides, in the order errors.Is walks the chain (outermost first, then
+// each wrapped error depth first): Permanent(&EntryError{...}) is permanent,
+// and so is a refusal that wraps the destination's retryable-looking code.
 func IsPermanent(err error) bool {
-	if err == nil {
-		return false
+	permanent, _ := classify(err)
+	return permanent
+}
+
+// classify walks err's chain as errors.Is does and reports what its first
+// classifying link says, and whether it met one.
+func classify(err error) (permanent, decided bool) {
+	for err != nil {
+		switch e := err.(type) {
+		case *EntryError:
+			return e.Permanent, true
+		case interface{ PermanentFailure() bool }:
+			return e.PermanentFailure(), true
+		}
+		if err == ErrRefused || err == ErrTooLarge {
+			return true, true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				if p, ok := classify(inner); ok {
+					return p, true
+				}
+			}
+			return false, false
+		default:
+			return false, false
+		}
 	}
-	var ee *EntryError
-	if errors.As(err, &ee) {
-		return ee.Permanent
-	}
-	var pf interface{ PermanentFailure() bool }
-	if errors.As(err, &pf) {
-		return pf.PermanentFailure()
-	}
-	return errors.Is(err, ErrRefused) || errors.Is(err, ErrTooLarge)
+	return false, false
 }

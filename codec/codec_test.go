@@ -30,6 +30,10 @@ func TestIsPermanent(t *testing.T) {
 		{"result count", fmt.Errorf("%w: 1 for 2", codec.ErrResultCount), false},
 		{"marked permanent", permanentMark{}, true},
 		{"throttled entry", &codec.EntryError{Code: "Throttling", Throttled: true}, false},
+		{"Permanent over a retryable entry", codec.Permanent(&codec.EntryError{Code: "InvalidParameterValue"}), true},
+		{"Permanent over a wrapped retryable entry", codec.Permanent(fmt.Errorf("sqs: %w", &codec.EntryError{Code: "X"})), true},
+		{"a refusal wrapping the destination's code", fmt.Errorf("%w: %w", codec.ErrRefused, &codec.EntryError{Code: "InvalidArgument"}), true},
+		{"a wrapped retryable entry before a permanent marker", fmt.Errorf("%w: %w", &codec.EntryError{Code: "Throttling"}, codec.Permanent(errors.New("x"))), false},
 		{"anything else", errors.New("connection reset"), false},
 	}
 	for _, tc := range tests {

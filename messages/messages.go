@@ -6,11 +6,15 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ankusa/sinkbatch/codec"
 )
 
 // Deliver asks for one message to be sent to the destination its Codec
-// describes. Send it with a sender (ctx.Request, RequestFuture) to the
+// describes. Its Message (Body, Attributes) is read until the message's
+// request has ended, which can be after the caller stopped waiting: do not
+// change it after sending the Deliver. Send it with a sender (ctx.Request, RequestFuture) to the
 // instance's PID; the answer is one *Delivered, sent once the message's result
 // is known. A Deliver sent without a sender is sent all the same, and nobody is
 // answered.
@@ -24,6 +28,11 @@ type Deliver struct {
 	Deadline time.Time
 	// Ref is the caller's own correlation value, echoed in Delivered.Ref.
 	Ref any
+	// SpanContext is the caller's span when the instance traces
+	// (actors.Config.TracerProvider): the delivery's create span is its
+	// child, and the message carries the create span's context to its
+	// consumer. Instance.Deliver sets it from its ctx. Zero: a new trace.
+	SpanContext trace.SpanContext
 }
 
 // Delivered is the answer to a Deliver.
@@ -42,7 +51,10 @@ type Delivered struct {
 
 var (
 	// ErrStopped answers deliveries that reach an instance that is stopping
-	// or stopped, and those still queued when Stop's context expires.
+	// or stopped, and, when Stop's context expires, every delivery the
+	// instance still holds: queued ones were never sent, but one whose
+	// request was in flight may have been stored. Retry with the same
+	// idempotency key.
 	ErrStopped = errors.New("sinkbatch: instance stopped")
 	// ErrBatcherDown answers every delivery a batcher held, queued or in a
 	// request, when it crashed and was restarted: the message may or may not

@@ -69,7 +69,8 @@ func newSink(t testing.TB) telemetry.SinkRecorder {
 	return o.Sink("sqs")
 }
 
-// Flushed and Refused run for every batch and every refusal, so they may cost
+// Flushed, Refused, Answered and Waited run for every batch, refusal and
+// delivery, so they may cost
 // no more allocations than the SDK itself charges for the same calls. (With
 // SDK v1.47 and WithAttributeSet options built once, that is zero.)
 func TestRecordingAllocatesNothingOfItsOwn(t *testing.T) {
@@ -81,16 +82,23 @@ func TestRecordingAllocatesNothingOfItsOwn(t *testing.T) {
 	base.counter.Add(context.Background(), 1, base.add...)
 	r.Flushed(benchFlush)
 	r.Refused(messages.FullTenant)
+	d := r.(telemetry.DeliveryRecorder)
+	d.Answered(telemetry.OutcomeRetryable)
+	d.Waited(time.Millisecond)
 
 	const runs = 1000
 	sdkAdd := testing.AllocsPerRun(runs, func() { base.counter.Add(context.Background(), 1, base.add...) })
 	sdkFlush := testing.AllocsPerRun(runs, base.flushEquivalent)
 	flushed := testing.AllocsPerRun(runs, func() { r.Flushed(benchFlush) })
 	refused := testing.AllocsPerRun(runs, func() { r.Refused(messages.FullTenant) })
-	t.Logf("allocs per call: SDK Add %v, SDK flush-equivalent %v; Flushed %v, Refused %v", sdkAdd, sdkFlush, flushed, refused)
+	answered := testing.AllocsPerRun(runs, func() { d.Answered(telemetry.OutcomeRetryable) })
+	waited := testing.AllocsPerRun(runs, func() { d.Waited(time.Millisecond) })
+	t.Logf("allocs per call: SDK Add %v, SDK flush-equivalent %v; Flushed %v, Refused %v, Answered %v, Waited %v", sdkAdd, sdkFlush, flushed, refused, answered, waited)
 
 	assert.LessOrEqual(t, flushed, sdkFlush, "Flushed allocates beyond the SDK's own cost")
 	assert.LessOrEqual(t, refused, sdkAdd, "Refused allocates beyond the SDK's own cost")
+	assert.LessOrEqual(t, answered, sdkAdd, "Answered allocates beyond the SDK's own cost")
+	assert.LessOrEqual(t, waited, sdkAdd, "Waited allocates beyond the SDK's own cost (one histogram Record)")
 }
 
 // BenchmarkRecorder measures Flushed and Refused beside the bare SDK calls

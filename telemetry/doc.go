@@ -6,9 +6,11 @@
 // A batcher holds a [Recorder] and, when it starts, asks it for the
 // [SinkRecorder] of its codec kind ([Recorder.Sink] with Codec.Name()). It
 // then reports each batch it sends ([SinkRecorder.Flushed]) and each delivery
-// its queue refuses ([SinkRecorder.Refused]). Both are called from actors'
-// Receive and from request goroutines, so implementations are safe for
-// concurrent use and never block. [Nop] records nothing, for an instance
+// its queue refuses ([SinkRecorder.Refused]); if the SinkRecorder is also a
+// [DeliveryRecorder], each delivery it answers ([DeliveryRecorder.Answered])
+// and each entry's wait in the queue ([DeliveryRecorder.Waited]). They are
+// called from actors' Receive and from request goroutines, so
+// implementations are safe for concurrent use and never block. [Nop] records nothing, for an instance
 // given no MeterProvider.
 //
 // # OpenTelemetry
@@ -29,9 +31,12 @@
 //	ankusa.sink_batch.flush.requests     int64 counter      {request}   -
 //	ankusa.sink_batch.flush.bisections   int64 counter      {request}   -
 //	ankusa.sink_batch.refused            int64 counter      {delivery}  reason
+//	ankusa.sink_batch.deliveries         int64 counter      {delivery}  outcome
+//	ankusa.sink_batch.queue.wait         float64 histogram  s           -
 //	ankusa.sink_batch.batchers           int64 gauge        {batcher}   - (no sink)
 //	ankusa.sink_batch.queued             int64 gauge        {entry}     - (no sink)
 //	ankusa.sink_batch.queued_bytes       int64 gauge        By          - (no sink)
+//	ankusa.sink_batch.inflight           int64 gauge        {request}   - (no sink)
 //
 // What they mean:
 //
@@ -53,15 +58,26 @@
 //   - refused: deliveries answered with a messages.RetryAfterError because
 //     the destination's queue was full; reason names the bound: "entries"
 //     (QueueMax), "bytes" (QueueMaxBytes) or "tenant" (TenantMax).
-//   - batchers, queued and queued_bytes: the instance's running batchers and
-//     the entries and bytes they hold, read at each collection from the
+//   - deliveries: every delivery a batcher answered, by outcome: "ok",
+//     "refused" (RetryAfterError), "permanent" (codec.IsPermanent),
+//     "retryable", "deadline" (the caller's deadline passed), "down"
+//     (ErrBatcherDown) or "stopped" (ErrStopped). Answers the front door
+//     gives before a batcher sees the delivery (a nil codec, a refused
+//     configuration, an instance already stopped) are not counted.
+//   - queue.wait: from a delivery's admission to the start of the request
+//     that carries it, in seconds; one sample per entry sent. Buckets
+//     100 µs to 10 s.
+//   - batchers, queued, queued_bytes and inflight: the instance's running
+//     batchers, the entries and bytes they hold and their requests in
+//     flight, read at each collection from the
 //     gauges func given to New. [Gauges] describes the whole instance, so
 //     these carry instance only, not sink. [OTel.Close] unregisters the
 //     callback; until then the func must stay safe to call.
 //
 // Recording costs no allocation of its own: [OTel.Sink] builds the attribute
-// sets for each trigger and reason once per sink kind and caches the
-// recorder, so Flushed and Refused only hand prebuilt options to the SDK.
+// sets for each trigger, reason and outcome once per sink kind and caches
+// the recorder, so Flushed, Refused, Answered and Waited only hand prebuilt
+// options to the SDK.
 //
 // # Exporting to Prometheus
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -28,6 +29,9 @@ const (
 	MetricBatchers        = "ankusa.sink_batch.batchers"
 	MetricQueued          = "ankusa.sink_batch.queued"
 	MetricQueuedBytes     = "ankusa.sink_batch.queued_bytes"
+	MetricDeliveries      = "ankusa.sink_batch.deliveries"
+	MetricQueueWait       = "ankusa.sink_batch.queue.wait"
+	MetricInflight        = "ankusa.sink_batch.inflight"
 )
 
 // The attribute keys the instruments carry.
@@ -36,6 +40,7 @@ const (
 	AttrSink     = attribute.Key("sink")     // Codec.Name() of the batch's destination
 	AttrTrigger  = attribute.Key("trigger")  // Trigger.String()
 	AttrReason   = attribute.Key("reason")   // messages.FullReason.String()
+	AttrOutcome  = attribute.Key("outcome")  // Outcome.String()
 )
 
 // Histogram bucket boundaries. The SDK's default boundaries (0 … 10000) fit
@@ -49,6 +54,8 @@ var (
 	bytesBuckets = []float64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20}
 	// durationBuckets run from 1 ms to 10 s in 1-2.5-5 steps.
 	durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	// waitBuckets run from 100 µs (a full batch leaves at once) to 10 s.
+	waitBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 )
 
 // The trigger and reason values a SinkRecorder precomputes attributes for,
@@ -57,6 +64,7 @@ var (
 var (
 	triggers = [...]Trigger{TriggerEntries, TriggerBytes, TriggerLinger, TriggerDrain}
 	reasons  = [...]messages.FullReason{messages.FullEntries, messages.FullBytes, messages.FullTenant}
+	outcomes = [...]Outcome{OutcomeOK, OutcomeRefused, OutcomePermanent, OutcomeRetryable, OutcomeDeadline, OutcomeDown, OutcomeStopped}
 )
 
 // OTel is a Recorder that reports to OpenTelemetry instruments taken from the
@@ -70,6 +78,8 @@ type OTel struct {
 	bisections metric.Int64Counter
 	duration   metric.Float64Histogram
 	refused    metric.Int64Counter
+	deliveries metric.Int64Counter
+	wait       metric.Float64Histogram
 
 	mu    sync.Mutex
 	sinks map[string]*sinkRecorder // one per codec kind: it grows only to the number of codecs linked in
@@ -98,7 +108,7 @@ func New(mp metric.MeterProvider, instance string, gauges func() Gauges) (*OTel,
 	m := mp.Meter(ScopeName)
 	o := &OTel{instance: instance, sinks: make(map[string]*sinkRecorder)}
 
-	var errs [6]error
+	var errs [8]error
 	o.entries, errs[0] = m.Int64Histogram(MetricFlushEntries,
 		metric.WithUnit("{entry}"),
 		metric.WithDescription("Entries per batch sent, by what triggered the send."),
@@ -120,6 +130,13 @@ func New(mp metric.MeterProvider, instance string, gauges func() Gauges) (*OTel,
 	o.refused, errs[5] = m.Int64Counter(MetricRefused,
 		metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries refused because the destination's queue was full, by the bound that refused them."))
+	o.deliveries, errs[6] = m.Int64Counter(MetricDeliveries,
+		metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries a batcher answered, by outcome."))
+	o.wait, errs[7] = m.Float64Histogram(MetricQueueWait,
+		metric.WithUnit("s"),
+		metric.WithDescription("Time from a delivery's admission to the start of the request that carries it."),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("sinkbatch: telemetry: %w", err)
 	}
@@ -153,7 +170,10 @@ func registerGauges(m metric.Meter, instance string, gauges func() Gauges) (metr
 	queuedBytes, err3 := m.Int64ObservableGauge(MetricQueuedBytes,
 		metric.WithUnit("By"),
 		metric.WithDescription("Encoded bytes of the entries queued in the instance."))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	inflight, err4 := m.Int64ObservableGauge(MetricInflight,
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Requests in flight in the instance."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, err
 	}
 	attrs := metric.WithAttributeSet(attribute.NewSet(AttrInstance.String(instance)))
@@ -162,8 +182,9 @@ func registerGauges(m metric.Meter, instance string, gauges func() Gauges) (metr
 		obs.ObserveInt64(batchers, int64(g.Batchers), attrs)
 		obs.ObserveInt64(queued, int64(g.Queued), attrs)
 		obs.ObserveInt64(queuedBytes, g.QueuedBytes, attrs)
+		obs.ObserveInt64(inflight, int64(g.InFlight), attrs)
 		return nil
-	}, batchers, queued, queuedBytes)
+	}, batchers, queued, queuedBytes, inflight)
 }
 
 // Sink returns the SinkRecorder for one codec kind, building its attribute
@@ -212,19 +233,46 @@ type sinkRecorder struct {
 	add       []metric.AddOption                   // instance, sink
 	byTrigger [len(triggers)][]metric.RecordOption // instance, sink, trigger; indexed by Trigger
 	byReason  [len(reasons)][]metric.AddOption     // instance, sink, reason; indexed by FullReason
+	byOutcome [len(outcomes)][]metric.AddOption    // instance, sink, outcome; indexed by Outcome
+	record    []metric.RecordOption                // instance, sink
 }
 
 func newSinkRecorder(o *OTel, sink string) *sinkRecorder {
 	r := &sinkRecorder{o: o, instance: o.instance, sink: sink}
 	base := metric.WithAttributeSet(attribute.NewSet(AttrInstance.String(o.instance), AttrSink.String(sink)))
 	r.add = []metric.AddOption{base}
+	r.record = []metric.RecordOption{base}
 	for _, t := range triggers {
 		r.byTrigger[t] = []metric.RecordOption{r.triggerOption(t)}
 	}
 	for _, reason := range reasons {
 		r.byReason[reason] = []metric.AddOption{r.reasonOption(reason)}
 	}
+	for _, o := range outcomes {
+		r.byOutcome[o] = []metric.AddOption{r.outcomeOption(o)}
+	}
 	return r
+}
+
+func (r *sinkRecorder) outcomeOption(o Outcome) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(
+		AttrInstance.String(r.instance), AttrSink.String(r.sink), AttrOutcome.String(o.String())))
+}
+
+// Answered counts one answered delivery.
+func (r *sinkRecorder) Answered(o Outcome) {
+	var add []metric.AddOption
+	if i := int(o); i >= 0 && i < len(r.byOutcome) {
+		add = r.byOutcome[i]
+	} else {
+		add = []metric.AddOption{r.outcomeOption(o)}
+	}
+	r.o.deliveries.Add(context.Background(), 1, add...)
+}
+
+// Waited records one delivery's wait in the queue.
+func (r *sinkRecorder) Waited(d time.Duration) {
+	r.o.wait.Record(context.Background(), d.Seconds(), r.record...)
 }
 
 func (r *sinkRecorder) triggerOption(t Trigger) metric.MeasurementOption {
@@ -269,6 +317,7 @@ func (r *sinkRecorder) Refused(reason messages.FullReason) {
 }
 
 var (
-	_ Recorder     = (*OTel)(nil)
-	_ SinkRecorder = (*sinkRecorder)(nil)
+	_ Recorder         = (*OTel)(nil)
+	_ SinkRecorder     = (*sinkRecorder)(nil)
+	_ DeliveryRecorder = (*sinkRecorder)(nil)
 )

@@ -118,6 +118,9 @@ func TestInstrumentsUnitsAndKinds(t *testing.T) {
 	r := o.Sink("sqs")
 	r.Flushed(telemetry.Flush{Trigger: telemetry.TriggerLinger, Entries: 1, Bytes: 1, Requests: 1, Duration: time.Millisecond})
 	r.Refused(messages.FullEntries)
+	d := r.(telemetry.DeliveryRecorder)
+	d.Answered(telemetry.OutcomeOK)
+	d.Waited(3 * time.Millisecond)
 
 	got := collect(t, reader)
 	for name, unit := range map[string]string{
@@ -130,6 +133,9 @@ func TestInstrumentsUnitsAndKinds(t *testing.T) {
 		telemetry.MetricBatchers:        "{batcher}",
 		telemetry.MetricQueued:          "{entry}",
 		telemetry.MetricQueuedBytes:     "By",
+		telemetry.MetricDeliveries:      "{delivery}",
+		telemetry.MetricQueueWait:       "s",
+		telemetry.MetricInflight:        "{request}",
 	} {
 		m, ok := got[name]
 		if assert.Truef(t, ok, "%s not reported", name) {
@@ -137,7 +143,7 @@ func TestInstrumentsUnitsAndKinds(t *testing.T) {
 			assert.NotEmpty(t, m.Description, name)
 		}
 	}
-	assert.Len(t, got, 9)
+	assert.Len(t, got, 12)
 
 	// The instruments' kinds; histogram bounds are the documented ones.
 	entries := histogram[int64](t, got[telemetry.MetricFlushEntries])
@@ -155,6 +161,33 @@ func TestInstrumentsUnitsAndKinds(t *testing.T) {
 	gauge(t, got[telemetry.MetricBatchers])
 	gauge(t, got[telemetry.MetricQueued])
 	gauge(t, got[telemetry.MetricQueuedBytes])
+	gauge(t, got[telemetry.MetricInflight])
+	sum(t, got[telemetry.MetricDeliveries])
+	wait := histogram[float64](t, got[telemetry.MetricQueueWait])
+	waitSet := attribute.NewSet(telemetry.AttrInstance.String("orders"), telemetry.AttrSink.String("sqs"))
+	assert.Equal(t, []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		wait[waitSet.Equivalent()].Bounds)
+}
+
+// Each outcome is counted under its own attribute set.
+func TestAnsweredCountsByOutcome(t *testing.T) {
+	mp, reader := newProvider(t)
+	o, err := telemetry.New(mp, "orders", nil)
+	require.NoError(t, err)
+	d := o.Sink("sqs").(telemetry.DeliveryRecorder)
+	want := map[telemetry.Outcome]int64{telemetry.OutcomeOK: 3, telemetry.OutcomeRefused: 1, telemetry.OutcomePermanent: 2,
+		telemetry.OutcomeRetryable: 1, telemetry.OutcomeDeadline: 1, telemetry.OutcomeDown: 1, telemetry.OutcomeStopped: 4}
+	for o, n := range want {
+		for range n {
+			d.Answered(o)
+		}
+	}
+	got := sum(t, collect(t, reader)[telemetry.MetricDeliveries])
+	for o, n := range want {
+		set := attribute.NewSet(telemetry.AttrInstance.String("orders"), telemetry.AttrSink.String("sqs"), telemetry.AttrOutcome.String(o.String()))
+		assert.Equal(t, n, got[set.Equivalent()], o.String())
+	}
+	assert.Len(t, got, len(want))
 }
 
 func TestFlushed(t *testing.T) {

@@ -47,6 +47,54 @@ type Gauges struct {
 	Batchers    int
 	Queued      int
 	QueuedBytes int64
+	InFlight    int // requests in flight
+}
+
+// Outcome is how a batcher answered a delivery.
+type Outcome int
+
+// The outcomes the deliveries counter tells apart.
+const (
+	OutcomeOK        Outcome = iota // the destination accepted the message
+	OutcomeRefused                  // *messages.RetryAfterError: the queue was full
+	OutcomePermanent                // codec.IsPermanent: never to be sent again
+	OutcomeRetryable                // any other failure the caller may retry
+	OutcomeDeadline                 // the caller's deadline passed (context.DeadlineExceeded)
+	OutcomeDown                     // messages.ErrBatcherDown: the batcher crashed
+	OutcomeStopped                  // messages.ErrStopped: the instance stopped
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeOK:
+		return "ok"
+	case OutcomeRefused:
+		return "refused"
+	case OutcomePermanent:
+		return "permanent"
+	case OutcomeRetryable:
+		return "retryable"
+	case OutcomeDeadline:
+		return "deadline"
+	case OutcomeDown:
+		return "down"
+	case OutcomeStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// DeliveryRecorder is implemented by a SinkRecorder that also records each
+// delivery a batcher answers and how long each waited in the queue. A
+// batcher checks for it once, when it starts; a SinkRecorder without it
+// records flushes and refusals only. Its methods are called on the delivery
+// path: they must not block or allocate.
+type DeliveryRecorder interface {
+	// Answered records one delivery a batcher answered.
+	Answered(o Outcome)
+	// Waited records the time from a delivery's admission to the start of
+	// the request that carries it.
+	Waited(d time.Duration)
 }
 
 // Recorder receives an instance's reports. Implementations must be safe for

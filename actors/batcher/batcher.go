@@ -12,6 +12,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // Idle tells the batcher's parent that it has had nothing queued or in flight
@@ -63,6 +64,11 @@ const (
 // GetPriority puts done messages first in the mailbox.
 func (*done) GetPriority() int8 { return priorityFirst }
 
+// GetPriority puts Abort first in the mailbox: the deliveries queued behind
+// it are then answered ErrStopped at once instead of being admitted, so
+// Stop's short grace covers a mailbox of any length.
+func (*Abort) GetPriority() int8 { return priorityFirst }
+
 // GetPriority puts goroutinePanic first in the mailbox.
 func (*goroutinePanic) GetPriority() int8 { return priorityFirst }
 
@@ -105,6 +111,9 @@ type Batcher struct {
 	log       *slog.Logger
 	validator codec.Validator
 	tickMsg   *tick
+	// deliveries is the Recorder's DeliveryRecorder, if it has one.
+	deliveries telemetry.DeliveryRecorder
+	tracing    *tracing // nil: the instance does not trace
 
 	// Touched by the actor alone.
 	now            int64 // Unix nanoseconds when the message being handled arrived
@@ -115,12 +124,13 @@ type Batcher struct {
 	idleReportedAt uint64 // the Received count of the last Idle
 	idleReportTime int64
 	drainedSent    bool
-	aborted        bool   // Stop's context ended: every delivery is answered ErrStopped
 	cancelsSeen    uint64 // Params.Cancels at the last sweep for room
 	lastFullSweep  int64
 	// The delivery being handled, until it is queued or answered: a panic
 	// in between leaves it here for Restarting to answer.
-	current   caller
+	current caller
+	// launched is step's buffer, reused from message to message.
+	launched  []*inflight
 	published struct {
 		queued, inflight, waiting int
 		bytes                     int64
@@ -154,7 +164,7 @@ func (b *Batcher) receive(ctx actor.Context) {
 		b.p.drain = m
 		b.answerEach(b.d.setDraining(), messages.ErrStopped)
 	case *Abort:
-		b.aborted = true
+		b.p.aborted = true
 		b.answerEach(b.d.setDraining(), messages.ErrStopped)
 		b.answerAll(messages.ErrStopped)
 	case *goroutinePanic:
@@ -180,6 +190,10 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.self = ctx.Self()
 	b.log = b.p.Logger
 	b.validator, _ = b.p.Codec.(codec.Validator)
+	b.deliveries, _ = b.p.Recorder.(telemetry.DeliveryRecorder)
+	if b.p.Tracer != nil {
+		b.tracing = newTracing(b.p.Tracer, b.p.Codec, b.p.Sink)
+	}
 	b.tickMsg = &tick{}
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
@@ -210,7 +224,7 @@ func (b *Batcher) end(err error) {
 // too large, refused for fullness, or the incarnation is down.
 func (b *Batcher) deliver(c caller) {
 	b.p.received++
-	if b.aborted {
+	if b.p.aborted {
 		// Stop's context ended: what was still on its way is answered, not
 		// queued.
 		b.reply(c, codec.Result{Err: messages.ErrStopped})
@@ -224,10 +238,25 @@ func (b *Batcher) deliver(c caller) {
 		// lookup, so those are found by the sweeps.)
 		return
 	}
+	msg := &d.Message
+	if b.tracing != nil {
+		// The message carries the create span's context to its consumer;
+		// Validate and Size see it as it will be sent. The front door's
+		// Deliver (it names a Listener) is the batcher's to change; an
+		// actor's is not, so its message is copied.
+		c.span = b.tracing.startCreate(d.SpanContext)
+		if tc := traceContext(c.span.SpanContext()); tc != (codec.TraceContext{}) {
+			if listenerOf(d) == nil {
+				m := d.Message
+				msg = &m
+			}
+			msg.Trace = tc
+		}
+	}
 	// c stays current until it is queued or answered: if a panic comes in
 	// between (the Recorder is user code), the restart answers it.
 	b.current = c
-	deadline := b.now + int64(b.p.DefaultTimeout)
+	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
 		deadline = unixNano(d.Deadline)
 	}
@@ -235,11 +264,11 @@ func (b *Batcher) deliver(c caller) {
 	if deadline <= b.now {
 		err = errExpired
 	} else {
-		err = b.validate(d.Message)
+		err = b.validate(*msg)
 	}
 	size := 0
 	if err == nil {
-		size, err = b.size(d.Message)
+		size, err = b.size(*msg)
 	}
 	if err == nil && size > b.p.Tuning.MaxBytes {
 		err = fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
@@ -249,7 +278,7 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(c, codec.Result{Err: err})
 		return
 	}
-	e := &entry{msg: &d.Message, to: c, size: max(size, 0), deadline: deadline}
+	e := &entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now}
 	// Room held by callers that gave up is not room: look for them when one
 	// may have (a deadline passed, a Deliver caller cancelled), and at most
 	// every fullSweepEvery otherwise, for the actor callers that stopped
@@ -300,6 +329,16 @@ func unixNano(t time.Time) int64 {
 		return math.MinInt64
 	}
 	return t.UnixNano()
+}
+
+// addSat is a+d for a time a and a duration d ≥ 0, saturated at
+// math.MaxInt64 ("never"): a Tuning or DefaultTimeout of hundreds of years
+// must not overflow into the past.
+func addSat(a, d int64) int64 {
+	if a > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return a + d
 }
 
 var (
@@ -359,16 +398,14 @@ func (b *Batcher) size(m codec.Message) (n int, err error) {
 // counters, report idleness or the end of a drain, and arm the timer for
 // the next thing that will be due without a message.
 func (b *Batcher) advance(ctx actor.Context) {
-	for {
-		f, dropped := b.d.launch(b.now)
-		b.answerDropped(dropped, b.now)
-		if f == nil {
-			break
-		}
+	launched, dropped, st := b.d.step(b.now, b.launched[:0])
+	b.answerDropped(dropped, b.now)
+	for i, f := range launched {
 		b.p.Requests.Add(1)
 		go b.run(f)
+		launched[i] = nil
 	}
-	st := b.d.status(b.now)
+	b.launched = launched
 	if st.sweepDue {
 		b.answerDropped(b.d.sweep(b.now), b.now)
 	}
@@ -388,7 +425,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 	// message that follows.
 	wake := st.wake
 	switch {
-	case b.aborted:
+	case b.p.aborted:
 		// Everything held was answered ErrStopped; requests still running
 		// answer nobody. What matters is that every delivery on its way
 		// has arrived, and been answered, before the batcher stops.
@@ -401,7 +438,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		// Deliveries answered without being queued (too large, invalid,
 		// expired) raced the report, so the supervisor kept the batcher:
 		// report again, at most once per IdleTimeout.
-		if again := b.idleReportTime + int64(b.p.Tuning.IdleTimeout); b.now >= again {
+		if again := addSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
 			b.reportIdle(ctx)
 		} else {
 			wake = minWake(wake, again)
@@ -413,7 +450,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
 			b.reportIdle(ctx)
 		} else {
-			wake = minWake(wake, b.idleSince+int64(b.p.Tuning.IdleTimeout))
+			wake = minWake(wake, addSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
 		}
 	}
 	b.arm(wake)
@@ -448,7 +485,7 @@ func (b *Batcher) answerAll(err error) {
 }
 
 func (b *Batcher) arm(wake int64) {
-	if wake == 0 || (b.armed != 0 && b.armed <= wake) {
+	if wake == 0 || wake == math.MaxInt64 || (b.armed != 0 && b.armed <= wake) {
 		return
 	}
 	d := time.Duration(max(wake-b.now, 0))

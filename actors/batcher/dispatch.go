@@ -145,18 +145,33 @@ func (d *dispatch) setDraining() []*entry {
 	return d.q.drainWaiters()
 }
 
-// launch takes the batch due now, if any, registers it as running and
-// counts the goroutine that will run it. It also returns the entries the
-// take dropped, to be answered.
-func (d *dispatch) launch(now int64) (*inflight, []*entry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// launchLocked takes the batch due now, if any, registers it as running
+// and counts the goroutine that will run it. It also returns the entries
+// the take dropped, to be answered. d.mu must be held.
+func (d *dispatch) launchLocked(now int64) (*inflight, []*entry) {
 	f, dropped := d.takeDue(now)
 	if f != nil {
 		d.own++
 		d.goroutines.Add(1)
 	}
 	return f, dropped
+}
+
+// step is what the actor does after each message, under one lock: launch
+// every batch due now (appended to launched), and read the status after.
+func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry, status) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var dropped []*entry
+	for {
+		f, more := d.launchLocked(now)
+		dropped = append(dropped, more...)
+		if f == nil {
+			break
+		}
+		launched = append(launched, f)
+	}
+	return launched, dropped, d.statusLocked(now)
 }
 
 // finish ends f's request and hands its slot on: it returns the batch due
@@ -396,6 +411,10 @@ type status struct {
 func (d *dispatch) status(now int64) status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.statusLocked(now)
+}
+
+func (d *dispatch) statusLocked(now int64) status {
 	q := d.q
 	inherited := d.inherited()
 	st := status{

@@ -11,27 +11,40 @@
 //
 // # Concurrency
 //
-// Batcher's fields are guarded by one mutex. Receive holds it throughout; a
-// request goroutine takes it only when its request has ended, to open the
-// batch's groups and take the batch due next for its own slot, so that a
-// busy destination's slots never wait for the batcher's turn to run (on a
-// loaded machine that wait was about a tenth of a 2 ms request); a panic
-// there is sent to Receive, which panics with it, so the supervisor restarts
-// the batcher as for a panic in Receive. Fields set in Started never change. A caller whose entry is in a request is answered
-// exactly once, by whoever first claims the entry: the request goroutine with
-// the result, or the batcher when the caller's deadline passes first (the
-// message may still be stored) or when it restarts, aborts or stops
-// (protoactor races on a second reply to a future). A restart makes a new
-// Batcher. The crashed one is down from the moment it panics: its request
-// goroutines finish their requests but take nothing more from its queue,
-// and a failure one of them reports cannot restart its successor, which
-// sends nothing until they have ended (they hold slots and groups it does
-// not know of).
+// Three owners, each named in the code:
+//
+//   - dispatch (dispatch.go) holds the one mutex and exactly the state the
+//     actor shares with its request goroutines: the queue, the requests
+//     running, the slots they hold, and whether the incarnation is down.
+//     Every method of it takes the lock. A request goroutine whose request
+//     ends calls finish, which opens the batch's groups and takes the batch
+//     due at that moment for the same slot, so that a busy destination's
+//     slots never wait for the actor's turn to run.
+//   - Batcher's own fields are touched by the actor alone; those set in
+//     Started are read by request goroutines too and never change. Codec
+//     code the actor calls (Validate, Size) runs outside the lock, and a
+//     panic there answers that one message (permanent, wrapping
+//     codec.ErrCodecPanic).
+//   - Each caller whose entry is in a request is answered exactly once, by
+//     whoever first sets its claim (inflight.claims): the request goroutine
+//     with the result, or the actor when the caller's deadline passes first
+//     (the message may still be stored) or when it restarts, aborts or stops
+//     (protoactor races on a second reply to a future).
+//
+// A restart makes a new Batcher with a new dispatch. The crashed one is down
+// from the moment it panics: its request goroutines finish their requests
+// but take nothing more from its queue, a panic one of them reports cannot
+// restart its successor, and the successor sends nothing until they have
+// ended (they hold slots and groups it does not know of). A panic in the
+// rules on a request goroutine is sent to Receive, which panics with it, so
+// the supervisor restarts the batcher as for a panic in Receive.
 //
 // # Messages
 //
 // The supervisor and a batcher speak Idle (nothing queued or in flight for
 // IdleTimeout, with the count of deliveries received so far), Drain and
-// Drained (Stop), and Abort (Stop's context ended). Params carries what must
-// outlive a restart: the received count and the count of incarnations.
+// Drained (Stop), and Abort (Stop's context ended: answer everything held,
+// and every delivery still arriving, with ErrStopped). Params carries what
+// must outlive a restart: the received count, Stop's drain and the count of
+// incarnations.
 package batcher

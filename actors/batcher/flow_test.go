@@ -45,7 +45,7 @@ func TestStrictFailurePausesTheGroupUntilTheRetry(t *testing.T) {
 	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("b", "g", 3, "k3"), keyed("a", "h", 1, "h1")} {
 		require.True(t, d.admit(e, now, false).ok)
 	}
-	f, _ := d.launch(now)
+	f, _ := launchAt(d, now)
 	require.Equal(t, []string{"a/g/1"}, refs(f.entries))
 	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
 	assert.Equal(t, []string{"a/g/2", "b/g/3"}, heldRefs(r.held))
@@ -80,7 +80,7 @@ func TestStrictRetryAlreadyQueuedGoesFirst(t *testing.T) {
 	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("a", "g", 1, "k1"), keyed("a", "g", 3, "k3")} {
 		require.True(t, d.admit(e, now, false).ok)
 	}
-	f, _ := d.launch(now)
+	f, _ := launchAt(d, now)
 	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
 	assert.Equal(t, []string{"a/g/2"}, heldRefs(r.held))
 	assert.Empty(t, r.paused)
@@ -159,41 +159,39 @@ func blockSettings(queueMax int) settings {
 
 // A delivery that does not fit waits; waiters are admitted as room frees,
 // round-robin across tenants, in order within a tenant. At most QueueMax
-// deliveries wait; past that a delivery is refused as with Refuse.
+// deliveries wait: past that, a tenant with fewer waiters takes the place
+// of the newest waiter of the tenant with most (answered as refused), and
+// otherwise the delivery is refused as with Refuse.
 func TestBlockWaitersAreAdmittedRoundRobin(t *testing.T) {
 	d := handoffDispatch(blockSettings(2))
-	d.q.s.maxInflight = 4
+	d.q.s.maxInflight = 8
 	now := int64(1000)
 	for _, e := range []*entry{mk("a", "", 1, 1), mk("a", "", 2, 1)} {
 		require.True(t, d.admit(e, now, false).ok)
 	}
-	for _, e := range []*entry{mk("a", "", 3, 1), mk("a", "", 4, 1)} {
+	a4 := mk("a", "", 4, 1)
+	for _, e := range []*entry{mk("a", "", 3, 1), a4} {
 		a := d.admit(e, now, false)
-		require.True(t, a.waiting, "a/%d waits", e.msg.Body)
+		require.True(t, a.waiting, "a/%s waits", e.msg.Body)
 	}
 	a := d.admit(mk("b", "", 1, 1), now, false)
-	assert.False(t, a.waiting, "two wait already: QueueMax reached")
+	assert.True(t, a.waiting, "b/1 takes the place of a's newest waiter")
+	assert.Equal(t, a4, a.evicted)
+	a = d.admit(mk("c", "", 1, 1), now, false)
+	assert.False(t, a.waiting, "a and b wait one each: c is refused")
+	assert.Nil(t, a.evicted)
 	assert.Equal(t, messages.FullEntries, a.reason)
 	assert.Equal(t, 2, d.status(now).waiting)
 	assert.True(t, d.status(now).held, "a batcher with waiters is not idle")
 
-	f1, _ := d.launch(now) // a/1 leaves: a/3 is admitted
-	f2, _ := d.launch(now) // a/2 leaves: a/4
-	require.NotNil(t, f1)
-	require.NotNil(t, f2)
+	f1, _ := launchAt(d, now) // a/1 leaves: a/3 is admitted
+	f2, _ := launchAt(d, now) // a/2 leaves: b/1
+	assert.Equal(t, []string{"a//1"}, refs(f1.entries))
+	assert.Equal(t, []string{"a//2"}, refs(f2.entries))
 	assert.Equal(t, 0, d.status(now).waiting)
-	require.True(t, d.admit(mk("b", "", 1, 1), now, false).waiting)
-	require.True(t, d.admit(mk("c", "", 1, 1), now, false).waiting)
-	f3, _ := d.launch(now)
-	assert.Equal(t, []string{"a//3"}, refs(f3.entries))
-	f4, _ := d.launch(now)
-	assert.Equal(t, []string{"a//4"}, refs(f4.entries))
-	f5, _ := d.launch(now)
-	f6, _ := d.launch(now)
-	assert.Nil(t, f5, "MaxInflight")
-	assert.Nil(t, f6)
-	next := finishNow(d, f1)
-	assert.Equal(t, []string{"b//1"}, refs(next.entries))
+	f3, _ := launchAt(d, now)
+	f4, _ := launchAt(d, now)
+	assert.ElementsMatch(t, []string{"a//3", "b//1"}, append(refs(f3.entries), refs(f4.entries)...))
 	checkCounts(t, d.q)
 }
 
@@ -264,7 +262,7 @@ func TestStrictPauseTakesOutWaiters(t *testing.T) {
 	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2")} {
 		require.True(t, d.admit(e, now, false).ok)
 	}
-	f, _ := d.launch(now) // g/1; g/2 stays, gated
+	f, _ := launchAt(d, now) // g/1; g/2 stays, gated
 	require.True(t, d.admit(keyed("a", "g", 3, "k3"), now, false).ok)
 	require.True(t, d.admit(keyed("a", "g", 4, "k4"), now, false).waiting)
 	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
@@ -341,4 +339,11 @@ func TestAdaptiveLimitBoundsTheQueue(t *testing.T) {
 	r = d.finishWith(r.next, time.Now().UnixNano()+int64(time.Second), outcome{rtt: int64(time.Millisecond), ok: true})
 	assert.Equal(t, 2, d.q.s.maxInflight, "a window later with the limit reached: 2")
 	assert.Equal(t, 2, r.limit)
+}
+
+// launchAt launches one batch at now.
+func launchAt(d *dispatch, now int64) (*inflight, []*entry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.launchLocked(now)
 }

@@ -231,7 +231,7 @@ func (h *fqHarness) admit(tenant, group string, size int, deadline int64) {
 	name := fmt.Sprintf("%s/%s/%d", tenant, group, h.ids)
 	e := withMsg(&entry{
 		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: name}},
-		size:     size,
+		size:     int32(size),
 		deadline: deadline,
 	})
 	re := &refEntry{id: h.ids, name: name, tenant: tenant, group: group, size: size, deadline: deadline}

@@ -15,9 +15,11 @@ func handoffDispatch(s settings) *dispatch {
 	return newDispatch(newQueue(s), &atomic.Int64{}, everyoneAlive)
 }
 
-// take is launch at the clock's time, which finish reads.
+// take launches one batch at the clock's time, which finish reads.
 func take(d *dispatch) *inflight {
-	f, _ := d.launch(time.Now().UnixNano())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f, _ := d.launchLocked(time.Now().UnixNano())
 	return f
 }
 

@@ -3,9 +3,12 @@ package batcher
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/telemetry"
@@ -27,6 +30,7 @@ type Counters struct {
 // incarnations, Stop's drain) lives here rather than in the actor.
 type Params struct {
 	Name   string // the destination's name: the actor's name, in logs
+	Sink   string // Codec.Name(), read once by the supervisor
 	Codec  codec.Codec
 	Tuning codec.Tuning // resolved by Resolve: no zero field
 	// OneGroup is Limits().OneGroupPerRequest: each batch holds one group.
@@ -34,6 +38,7 @@ type Params struct {
 	DefaultTimeout time.Duration
 	Logger         *slog.Logger
 	Recorder       telemetry.SinkRecorder
+	Tracer         trace.Tracer // nil: no spans
 	Counters       *Counters
 	Requests       *sync.WaitGroup // request goroutines; Stop waits for them
 	// Cancels counts the instance's Deliver callers that gave up before
@@ -46,6 +51,7 @@ type Params struct {
 	goroutines   atomic.Int64 // request goroutines running, of every incarnation
 	received     uint64       // deliveries received, across restarts; only the actor touches it
 	drain        *Drain       // Stop's drain, once begun: a restart does not end it
+	aborted      bool         // Stop's context ended: every delivery is answered ErrStopped, across restarts too
 	incarnations uint64       // incarnations of the actor object, across restarts
 	// carried are the paused groups a crashed incarnation leaves to the
 	// next; only the actor touches it.
@@ -64,8 +70,8 @@ func Resolve(c codec.Codec, sinkConcurrency int) (codec.Tuning, error) {
 	if lim.MaxEntries <= 0 {
 		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxEntries %d is not positive", c.Name(), lim.MaxEntries))
 	}
-	if lim.MaxBytes <= 0 {
-		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not positive", c.Name(), lim.MaxBytes))
+	if lim.MaxBytes <= 0 || lim.MaxBytes > math.MaxInt32 {
+		return codec.Tuning{}, codec.Permanent(fmt.Errorf("sinkbatch: codec %q: Limits().MaxBytes %d is not in [1, 2 GiB)", c.Name(), lim.MaxBytes))
 	}
 	t := c.Tuning()
 	if err := t.Check(lim); err != nil {

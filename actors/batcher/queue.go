@@ -19,11 +19,14 @@ import (
 type entry struct {
 	msg      *codec.Message // its Tenant and Group place the entry
 	to       caller         // who is answered; the rules never look inside
-	size     int            // Codec.Size of the message
 	deadline int64          // Unix nanoseconds after which the entry is abandoned
+	admitted int64          // Unix nanoseconds when it was admitted (for the queue wait)
 	tenant   *tenant
 	lane     *lane
-	dead     bool // removed from the queue while still in its lane's slice
+	// size is Codec.Size of the message: at most a request's MaxBytes. An
+	// int32 beside dead keeps an entry in a smaller size class.
+	size int32
+	dead bool // removed from the queue while still in its lane's slice
 	// waitGone: the entry has left the waiting list (block.go), admitted
 	// or answered, while still in its FIFOs' slices.
 	waitGone bool
@@ -203,7 +206,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = q.lingerFrom + q.s.linger
+		w = addSat(q.lingerFrom, q.s.linger)
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)
@@ -291,13 +294,13 @@ func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 		b.dropped = append(b.dropped, e)
 		return false, false
 	}
-	if b.bytes+e.size > q.s.maxBytes {
+	if b.bytes+int(e.size) > q.s.maxBytes {
 		return false, true
 	}
 	q.pop(l)
 	l.skipDead()
 	b.batch = append(b.batch, e)
-	b.bytes += e.size
+	b.bytes += int(e.size)
 	return true, false
 }
 

@@ -26,7 +26,7 @@ func testSettings() settings {
 func mk(tenant, group string, n, size int) *entry {
 	return withMsg(&entry{
 		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group, Body: []byte(fmt.Sprint(n))}, Ref: fmt.Sprintf("%s/%s/%d", tenant, group, n)}},
-		size:     size,
+		size:     int32(size),
 		deadline: math.MaxInt64,
 	})
 }

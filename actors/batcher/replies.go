@@ -1,10 +1,16 @@
 package batcher
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // This file is how a batcher answers its callers: straight to a Listener the
@@ -15,6 +21,7 @@ import (
 type caller struct {
 	deliver *messages.Deliver
 	sender  *actor.PID // nil: nobody is answered
+	span    trace.Span // the delivery's create span; nil when the instance does not trace
 }
 
 // Listener is a reply process that serves many calls, told apart by the
@@ -47,6 +54,12 @@ func listenerOf(d *messages.Deliver) Listener {
 // (which drops the answer to a call that is over), else with a
 // *messages.Delivered. A nil sender is nobody.
 func (b *Batcher) reply(c caller, r codec.Result) {
+	if b.deliveries != nil {
+		b.answered(r.Err)
+	}
+	if c.span != nil {
+		endCreate(c.span, r)
+	}
 	if c.sender == nil {
 		return
 	}
@@ -55,6 +68,37 @@ func (b *Batcher) reply(c caller, r codec.Result) {
 		return
 	}
 	tell(b.system, c.sender, &messages.Delivered{Ref: c.deliver.Ref, ID: r.ID, Sequence: r.Sequence, Err: r.Err})
+}
+
+// answered counts an answer by its outcome. A panic in the Recorder is
+// logged, not raised: this runs on request goroutines too.
+func (b *Batcher) answered(err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Answered panicked", slog.Any("panic", r))
+		}
+	}()
+	b.deliveries.Answered(outcomeOf(err))
+}
+
+// outcomeOf classifies an answer for the deliveries counter.
+func outcomeOf(err error) telemetry.Outcome {
+	var full *messages.RetryAfterError
+	switch {
+	case err == nil:
+		return telemetry.OutcomeOK
+	case err == messages.ErrStopped:
+		return telemetry.OutcomeStopped
+	case err == messages.ErrBatcherDown:
+		return telemetry.OutcomeDown
+	case errors.As(err, &full):
+		return telemetry.OutcomeRefused
+	case errors.Is(err, context.DeadlineExceeded):
+		return telemetry.OutcomeDeadline
+	case codec.IsPermanent(err):
+		return telemetry.OutcomePermanent
+	}
+	return telemetry.OutcomeRetryable
 }
 
 // tell sends msg to pid if pid is still registered. A caller that gave up
@@ -91,6 +135,8 @@ func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 	for _, e := range dropped {
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
+		} else if e.to.span != nil {
+			abandonCreate(e.to.span)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
@@ -50,6 +52,19 @@ func (b *Batcher) flushed(report telemetry.Flush) {
 	b.p.Recorder.Flushed(report)
 }
 
+// waited records how long each of f's entries waited for its request. A
+// panic in the Recorder is logged, not raised.
+func (b *Batcher) waited(f *inflight, start int64) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("sinkbatch: Recorder.Waited panicked", slog.Any("panic", r))
+		}
+	}()
+	for _, e := range f.entries {
+		b.deliveries.Waited(time.Duration(start - e.admitted))
+	}
+}
+
 // buffers are a request goroutine's slices, reused from one of its requests
 // to the next. SendBatch does not keep its batch (see codec.Codec).
 type buffers struct {
@@ -73,11 +88,14 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	report := telemetry.Flush{Trigger: f.trigger, Entries: n}
 	for i, e := range f.entries {
 		msgs[i] = *e.msg
-		report.Bytes += e.size
+		report.Bytes += int(e.size)
 	}
 	start := time.Now()
+	if b.deliveries != nil {
+		b.waited(f, start.UnixNano())
+	}
 	var failed error
-	report.Requests, failed = b.bisect(f.ctx, msgs, results)
+	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
 	o := b.learn(msgs, results, failed, report.Duration)
@@ -89,48 +107,63 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	return report, o
 }
 
-// bisect sends msgs and writes one result per message into out. When the
+// part is a run of a batch being sent: its messages, the entries they came
+// from, and where their results go, index for index.
+type part struct {
+	msgs    []codec.Message
+	entries []*entry
+	out     []codec.Result
+}
+
+func (p part) slice(i, j int) part {
+	return part{msgs: p.msgs[i:j], entries: p.entries[i:j], out: p.out[i:j]}
+}
+
+// bisect sends p and writes one result per message into p.out. When the
 // destination refuses the request for its content, it sends each half in
 // turn, in order, until the refused messages stand alone. A half that fails
 // for any other reason (throttling, a 5xx, a deadline) ends the bisection:
 // the halves after it are not sent but answered with the same error, so that
 // no entry overtakes an earlier one of its group that its caller will send
-// again. It returns the number of requests it took and that failure, if any.
-func (b *Batcher) bisect(ctx context.Context, msgs []codec.Message, out []codec.Result) (int, error) {
-	res, err := b.send(ctx, msgs)
+// again; for the same reason a group one of whose messages failed retryably
+// in a half is held back in the halves after it (bisectHolding). It returns
+// the number of requests it took and that failure, if any.
+func (b *Batcher) bisect(ctx context.Context, trigger telemetry.Trigger, p part) (int, error) {
+	res, err := b.send(ctx, trigger, p)
+	n := len(p.msgs)
 	switch {
 	case err == nil:
-		copy(out, res)
+		copy(p.out, res)
 		return 1, nil
-	case errors.Is(err, codec.ErrRefused) && len(msgs) > 1:
-		h := len(msgs) / 2
-		first, failed := b.bisect(ctx, msgs[:h], out[:h])
+	case errors.Is(err, codec.ErrRefused) && n > 1:
+		h := n / 2
+		first, failed := b.bisect(ctx, trigger, p.slice(0, h))
 		if failed != nil {
-			fill(out[h:], failed)
+			fill(p.out[h:], failed)
 			return 1 + first, failed
 		}
-		if held := retryableGroups(msgs[:h], out[:h]); held != nil {
-			second, failed := b.bisectHolding(ctx, msgs[h:], out[h:], held)
+		if held := retryableGroups(p.slice(0, h)); held != nil {
+			second, failed := b.bisectHolding(ctx, trigger, p.slice(h, n), held)
 			return 1 + first + second, failed
 		}
-		second, failed := b.bisect(ctx, msgs[h:], out[h:])
+		second, failed := b.bisect(ctx, trigger, p.slice(h, n))
 		return 1 + first + second, failed
 	case errors.Is(err, codec.ErrRefused):
 		b.log.Warn("sinkbatch: the destination refused a message", slog.Any("error", err))
-		fill(out, err)
+		fill(p.out, err)
 		return 1, nil
 	}
-	fill(out, err)
+	fill(p.out, err)
 	return 1, err
 }
 
-// retryableGroups maps each group whose first failed message in msgs
-// failed with a retryable error (its caller will send it again) to that
-// message's IdempotencyKey; nil when there is none.
-func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]string {
+// retryableGroups maps each group whose first failed message in p failed
+// with a retryable error (its caller will send it again) to that message's
+// IdempotencyKey; nil when there is none.
+func retryableGroups(p part) map[string]string {
 	var held map[string]string
-	for i, r := range out {
-		g := msgs[i].Group
+	for i, r := range p.out {
+		g := p.msgs[i].Group
 		if r.Err == nil || g == "" || codec.IsPermanent(r.Err) {
 			continue
 		}
@@ -138,34 +171,34 @@ func retryableGroups(msgs []codec.Message, out []codec.Result) map[string]string
 			held = make(map[string]string)
 		}
 		if _, seen := held[g]; !seen {
-			held[g] = msgs[i].IdempotencyKey
+			held[g] = p.msgs[i].IdempotencyKey
 		}
 	}
 	return held
 }
 
-// bisectHolding is bisect for the messages of msgs whose group is not in
-// held. The others are never sent: an earlier message of their group failed
-// in an earlier half, and sending them would store them before it, which
-// its caller will retry. They are answered *messages.GroupPausedError
+// bisectHolding is bisect for the messages of p whose group is not in held.
+// The others are never sent: an earlier message of their group failed in an
+// earlier half, and sending them would store them before it, which its
+// caller will retry. They are answered *messages.GroupPausedError
 // (retryable) naming that message's key.
-func (b *Batcher) bisectHolding(ctx context.Context, msgs []codec.Message, out []codec.Result, held map[string]string) (int, error) {
-	var send []codec.Message
+func (b *Batcher) bisectHolding(ctx context.Context, trigger telemetry.Trigger, p part, held map[string]string) (int, error) {
+	var send part
 	var at []int
-	for i, m := range msgs {
+	for i, m := range p.msgs {
 		if key, ok := held[m.Group]; ok && m.Group != "" {
-			out[i] = codec.Result{Err: &messages.GroupPausedError{Group: m.Group, Key: key}}
+			p.out[i] = codec.Result{Err: &messages.GroupPausedError{Group: m.Group, Key: key}}
 			continue
 		}
-		send, at = append(send, m), append(at, i)
+		send.msgs, send.entries, at = append(send.msgs, m), append(send.entries, p.entries[i]), append(at, i)
 	}
-	if len(send) == 0 {
+	if len(send.msgs) == 0 {
 		return 0, nil
 	}
-	res := make([]codec.Result, len(send))
-	n, failed := b.bisect(ctx, send, res)
+	send.out = make([]codec.Result, len(send.msgs))
+	n, failed := b.bisect(ctx, trigger, send)
 	for j, i := range at {
-		out[i] = res[j]
+		p.out[i] = send.out[j]
 	}
 	return n, failed
 }
@@ -177,17 +210,23 @@ func fill(out []codec.Result, err error) {
 }
 
 // send makes one request, turning a panic or a result slice of the wrong
-// length into an error for the whole request.
-func (b *Batcher) send(ctx context.Context, msgs []codec.Message) (res []codec.Result, err error) {
+// length into an error for the whole request. When the instance traces, the
+// request is a send span.
+func (b *Batcher) send(ctx context.Context, trigger telemetry.Trigger, p part) (res []codec.Result, err error) {
+	if b.tracing != nil {
+		var span trace.Span
+		ctx, span = b.tracing.startSend(ctx, trigger, p.entries)
+		defer func() { endSend(span, err) }()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			b.log.Error("sinkbatch: codec panicked in SendBatch", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			res, err = nil, fmt.Errorf("%w: %v", codec.ErrCodecPanic, r)
 		}
 	}()
-	res, err = b.p.Codec.SendBatch(ctx, msgs)
-	if err == nil && len(res) != len(msgs) {
-		return nil, fmt.Errorf("%w: %d results for %d messages", codec.ErrResultCount, len(res), len(msgs))
+	res, err = b.p.Codec.SendBatch(ctx, p.msgs)
+	if err == nil && len(res) != len(p.msgs) {
+		return nil, fmt.Errorf("%w: %d results for %d messages", codec.ErrResultCount, len(res), len(p.msgs))
 	}
 	return res, err
 }

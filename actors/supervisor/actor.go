@@ -67,6 +67,7 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 	}
 	p := &batcher.Params{
 		Name:           rt.name,
+		Sink:           rt.sink,
 		Codec:          rt.codec,
 		Tuning:         rt.tuning,
 		OneGroup:       rt.oneGroup,
@@ -76,6 +77,7 @@ func (s *Supervisor) spawn(ctx actor.Context, rt *route) {
 		Counters:       &s.counters,
 		Requests:       &s.requests,
 		Cancels:        &s.cancels,
+		Tracer:         s.cfg.Tracer,
 	}
 	pid, err := ctx.SpawnNamed(batcher.Props(p), rt.name)
 	if err != nil {

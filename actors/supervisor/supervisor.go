@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
@@ -35,6 +36,7 @@ type Config struct {
 	DefaultTimeout  time.Duration
 	Logger          *slog.Logger
 	Recorder        telemetry.Recorder
+	Tracer          trace.Tracer // nil: no spans
 }
 
 // Supervisor starts, routes to, restarts and retires one instance's

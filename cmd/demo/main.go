@@ -88,6 +88,7 @@ type options struct {
 	load        float64
 	metricsAddr string
 	logLevel    string
+	cluster     int // members of cluster mode (cluster.go); 0: one instance
 
 	sqsQueueURL    string
 	sqsEndpoint    string
@@ -103,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.load, "load", 1, "multiplies every stream's rate and the burst's size (1 is about 2,500 messages/s)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9464")
 	fs.StringVar(&o.logLevel, "log-level", "info", "slog level of the actor system's and sinkbatch's logs: debug, info, warn, error")
+	fs.IntVar(&o.cluster, "cluster", 0, "run N cluster members in this process instead (mutual TLS, Pub/Sub fake, one member killed halfway); see cluster.go")
 	fs.StringVar(&o.sqsQueueURL, "sqs-queue-url", "", "send every SQS destination's messages to this existing queue (AWS default credentials; not read back)")
 	fs.StringVar(&o.sqsEndpoint, "sqs-endpoint", "", "SQS endpoint URL instead of the embedded server; without -sqs-queue-url the demo creates its queues there and reads them back")
 	fs.StringVar(&o.pubsubTopic, "pubsub-topic", "", "publish every Pub/Sub destination's messages to this existing topic, projects/P/topics/T (default credentials; not read back)")

@@ -36,6 +36,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if o.cluster != 0 {
+		return runCluster(ctx, o, logger, stdout, stderr)
+	}
 	fail := func(err error) int {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 1

@@ -320,6 +320,12 @@ func identityOf(cfg Config, idemAttr string) ([]byte, error) {
 // Name returns "pubsub".
 func (c *Codec) Name() string { return "pubsub" }
 
+// Describe names the destination for tracing: "gcp_pubsub" and the topic's
+// id (the last segment of its full name).
+func (c *Codec) Describe() (system, destination string) {
+	return "gcp_pubsub", c.topic[strings.LastIndexByte(c.topic, '/')+1:]
+}
+
 // Identity returns the codec's identity: topic, endpoint, a digest of the
 // credentials, Insecure, the idempotency attribute, trace propagation, the
 // compression threshold, the tuning and IdentityExtra (or a per-codec nonce;

@@ -1115,3 +1115,13 @@ func TestTracePropagation(t *testing.T) {
 		}
 	})
 }
+
+func TestDescribeNamesTheTopic(t *testing.T) {
+	c, err := pubsub.New(context.Background(), pubsub.Config{Topic: "projects/p/topics/orders", Endpoint: "127.0.0.1:1", Insecure: true})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	var d codec.Describer = c
+	system, dest := d.Describe()
+	assert.Equal(t, "gcp_pubsub", system)
+	assert.Equal(t, "orders", dest)
+}

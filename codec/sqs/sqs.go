@@ -295,6 +295,10 @@ func (c *Codec) MaxMessageBytes() int { return c.maxMessage }
 // Name is "sqs".
 func (c *Codec) Name() string { return "sqs" }
 
+// Describe names the destination for tracing: "aws_sqs" and the queue's
+// name (the last segment of its URL).
+func (c *Codec) Describe() (system, destination string) { return "aws_sqs", c.queueName }
+
 // Identity is a SHA-256 digest over the queue URL, the aws.Config (or the
 // client), the codec's options and its tuning. Codec values whose
 // configuration holds a func (a credentials or retryer func, APIOptions,

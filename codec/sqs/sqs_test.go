@@ -401,3 +401,11 @@ func TestIdentityLoadDefaultConfig(t *testing.T) {
 	other.Credentials = load().Credentials
 	assert.NotEqual(t, a.Identity(), mustNew(t, sqs.Config{QueueURL: testQueue, AWS: other}).Identity(), "other keys")
 }
+
+func TestDescribeNamesTheQueue(t *testing.T) {
+	var c codec.Describer = mustNew(t, baseConfig())
+	system, dest := c.Describe()
+	assert.Equal(t, "aws_sqs", system)
+	assert.Equal(t, testQueue[strings.LastIndexByte(testQueue, '/')+1:], dest)
+	assert.NotContains(t, dest, "/")
+}

@@ -53,7 +53,7 @@ func skipUnfixed(t *testing.T, why string) {
 // features can each be left out with -adversary.skip, to look past a known
 // failure for the next one.
 var features = []string{
-	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "valuecodec", "manycodecs",
+	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "abandon", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
 	"block", "adaptive", "nosender", "futures",
@@ -153,6 +153,9 @@ func newRound(t *testing.T, seed uint64, skip map[string]bool, slack time.Durati
 		logs:           &logCounter{counts: map[string]int{}},
 		outcomes:       map[string]int{},
 	}
+	// Drawn from a stream of its own, so that the rest of a seed's
+	// configuration is what it was before this draw existed.
+	r.abandon = r.on("abandon") && r.on("cancel") && rand.New(rand.NewPCG(seed, 1)).IntN(4) == 0
 	conc := 1 + rng.IntN(8)
 	for i := range 1 + rng.IntN(4) {
 		r.dests = append(r.dests, r.newDest(i, conc))
@@ -244,6 +247,15 @@ func (r *round) newDest(i, conc int) *dest {
 		f.ignoreCtx, f.ignoreFor = 0.02, 50*time.Millisecond
 		f.refuseWhole, f.permWhole, f.wrongCount = 0.02, 0.01, 0.02
 	}
+	if r.abandon {
+		// A slow destination with a small queue: abandoned entries sit in
+		// it long enough to be all that fills it.
+		f.latency = time.Duration(100+rng.IntN(200)) * time.Millisecond
+		if t.QueueMax == 0 {
+			t.QueueMax = 1 + rng.IntN(16)
+			res.QueueMax = t.QueueMax
+		}
+	}
 	gate := func(p *float64, feature string) {
 		if !r.on(feature) {
 			*p = 0
@@ -262,7 +274,11 @@ func (r *round) newDest(i, conc int) *dest {
 	if r.on("manycodecs") && rng.IntN(10) == 0 {
 		nPtr = 70 // past the codec values cached per destination
 	}
-	d.newValues(nPtr, r.on("valuecodec") && rng.IntN(5) < 2)
+	values := r.on("valuecodec") && rng.IntN(5) < 2
+	if values && (rng.IntN(3) == 0 || r.abandon) {
+		nPtr = 0 // value codecs only: no pointer's cancel can stand in for theirs
+	}
+	d.newValues(nPtr, values)
 	return d
 }
 
@@ -652,7 +668,9 @@ const sweepGrace = 50 * time.Millisecond
 // such entries before it refuses. Every other call to the destination made before the
 // refusal is counted as holding room, which over-counts; deliveries nobody
 // waits for hold room that no call shows, so rounds with them are not
-// checked. Up to 200 refusals a round are checked.
+// checked. A call answered at admission (refused, too large, no
+// destination) or dead on arrival never held room. Up to 200 refusals a
+// round are checked.
 func (r *round) checkFull() {
 	if r.noSenders > 0 {
 		return
@@ -681,9 +699,9 @@ func (r *round) checkFull() {
 				continue
 			}
 			c.mu.Lock()
-			gone := c.n > 0 && c.at.Before(f.start.Add(-sweepGrace))
+			gone := c.n > 0 && (c.at.Before(f.start.Add(-sweepGrace)) || neverQueued(c.err))
 			c.mu.Unlock()
-			if gone {
+			if gone || c.dlClass == "past" {
 				continue
 			}
 			live++
@@ -707,6 +725,16 @@ func (r *round) checkFull() {
 				f.describe(), ra, live, tenant, bytes, t.QueueMax, t.QueueMaxBytes, t.TenantMax)
 		}
 	}
+}
+
+// neverQueued says whether err answers a delivery at admission, before it
+// could hold room: refused for fullness, too large, no destination.
+func neverQueued(err error) bool {
+	switch outcome(err) {
+	case "full", "toolarge", "nilcodec", "metapanic", "config":
+		return true
+	}
+	return false
 }
 
 // checkOrder: an owner's attempts reach the codec in the order it made them,
@@ -756,9 +784,9 @@ func (r *round) report(tot *totals) {
 	}
 	restarts := r.logs.count("sinkbatch: batcher crashed; restarting it")
 	idle := r.logs.count("sinkbatch: batcher stopped idle")
-	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts, %d supervisor restarts, %d idle stops, quiesce %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
+	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
 		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.supRest.Load(), idle,
-		r.quiesce, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
+		r.quiesce, r.abandon, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
 	tot.worstStall = max(tot.worstStall, r.stalls.worst())
 	tot.excused += r.excused
 	tot.rounds++

@@ -92,6 +92,14 @@ func (r *round) pickDest(rng *rand.Rand) *dest {
 // c's deadline (or none), cancelled at a random moment now and then, or a
 // nil ctx.
 func (r *round) goDeliver(rng *rand.Rand, c *call) error {
+	// In an abandoning round, half the calls give up within a few
+	// milliseconds of a deadline an hour away: their entries hold room
+	// until a sweep finds them, which only a reported cancel or the
+	// periodic sweep of a full queue does.
+	abandon := r.abandon && r.on("cancel") && rng.IntN(2) == 0
+	if abandon {
+		c.deadline, c.dlClass = time.Now().Add(time.Hour), "abandon"
+	}
 	ctx := r.killCtx
 	var cancel context.CancelFunc
 	if c.deadline.IsZero() {
@@ -100,10 +108,13 @@ func (r *round) goDeliver(rng *rand.Rand, c *call) error {
 		ctx, cancel = context.WithDeadline(ctx, c.deadline)
 	}
 	defer cancel()
-	if r.on("cancel") && rng.IntN(100) < 12 {
+	if abandon || r.on("cancel") && rng.IntN(100) < 12 {
 		// Some cancels land as the answer does: Deliver then sees both.
 		after := time.Duration(rng.Int64N(int64(30 * time.Millisecond)))
-		if rng.IntN(3) == 0 {
+		switch {
+		case abandon:
+			after = time.Duration(1+rng.IntN(5)) * time.Millisecond
+		case rng.IntN(3) == 0:
 			after = time.Duration(rng.Int64N(int64(100 * time.Microsecond)))
 		}
 		t := time.AfterFunc(after, func() {

@@ -36,6 +36,7 @@ type round struct {
 	dests          []*dest
 	defaultTimeout time.Duration
 	quiesce        bool // traffic ends and the batchers must stop idle before Stop
+	abandon        bool // half the Deliver callers give up within milliseconds of an hour-long deadline
 	traffic        time.Duration
 	pFlag          float64 // share of messages with a flag other than plain
 	start          time.Time
@@ -170,6 +171,11 @@ func (r *round) t0() time.Time { return r.start }
 func (r *round) newCall(rng *rand.Rand, form string, d *dest, owner string, ownerSeq, logical int) *call {
 	c := &call{r: r, id: r.nextID.Add(1), form: form, d: d, owner: owner, ownerSeq: ownerSeq, logical: logical, done: make(chan struct{}), over: make(chan struct{})}
 	c.deadline, c.dlClass = r.deadline(rng, owner != "")
+	if r.abandon && c.dlClass != "past" {
+		// No deadline passes during the traffic: nothing but a cancel the
+		// batcher learns of, or its periodic sweep, frees abandoned room.
+		c.deadline, c.dlClass = time.Now().Add(time.Hour), "hour"
+	}
 	if d != nil {
 		c.codecVal = d.values[rng.IntN(len(d.values))]
 		c.msg = r.message(rng, c, d, owner)

@@ -98,7 +98,7 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 		{"sqs fifo without idempotency key", fifo, with(func(m *codec.Message) { m.IdempotencyKey = "" }), entryCode(sqs.CodeMissingDeduplication), false},
 		{"nil codec", nil, ok, is(messages.ErrNilCodec), false},
 		{"zero Limits.MaxEntries", &retuned{realCodec: std, limits: limits(codec.Limits{MaxEntries: 0, MaxBytes: 1 << 20})}, ok, says("Limits().MaxEntries 0 is not positive"), false},
-		{"negative Limits.MaxBytes", &retuned{realCodec: std, limits: limits(codec.Limits{MaxEntries: 10, MaxBytes: -1})}, ok, says("Limits().MaxBytes -1 is not positive"), false},
+		{"negative Limits.MaxBytes", &retuned{realCodec: std, limits: limits(codec.Limits{MaxEntries: 10, MaxBytes: -1})}, ok, says("Limits().MaxBytes -1 is not in [1, 2 GiB)"), false},
 		{"negative Tuning.Linger", &retuned{realCodec: std, tuning: tuning(codec.Tuning{Linger: -time.Second})}, ok, says("Tuning.Linger -1s is negative"), false},
 		{"negative Tuning.QueueMax", &retuned{realCodec: topic, tuning: tuning(codec.Tuning{QueueMax: -1})}, ok, says("Tuning.QueueMax -1 is negative"), false},
 		{"negative Tuning.IdleTimeout", &retuned{realCodec: topic, tuning: tuning(codec.Tuning{IdleTimeout: -time.Millisecond})}, ok, says("Tuning.IdleTimeout -1ms is negative"), false},

@@ -1,0 +1,148 @@
+package batcher
+
+import (
+	"context"
+	"encoding/hex"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/telemetry"
+)
+
+// This file is a batcher's tracing, after the OpenTelemetry messaging
+// conventions (as Google's Pub/Sub client follows them): a create span per
+// delivery (PRODUCER), a child of the caller's span, from its admission to
+// its answer; a send span per request (CLIENT), bisections included, linked
+// to the create spans of its messages, each of which links back to it. The
+// message carries its create span's context to the consumer in
+// codec.Message.Trace, which the codec writes and counts.
+
+// The attribute keys of the messaging conventions, and sinkbatch's own.
+const (
+	attrSystem       = attribute.Key("messaging.system")
+	attrDestination  = attribute.Key("messaging.destination.name")
+	attrOpType       = attribute.Key("messaging.operation.type")
+	attrOpName       = attribute.Key("messaging.operation.name")
+	attrBatchCount   = attribute.Key("messaging.batch.message_count")
+	attrMessageID    = attribute.Key("messaging.message.id")
+	attrFlushTrigger = attribute.Key("sinkbatch.flush.trigger")
+)
+
+// tracing is what a batcher traces with; nil when the instance does not
+// trace. Set in Started, never changed.
+//
+// Attributes and links are set only on spans that record: a span its
+// sampler dropped costs its start, its context and nothing more.
+type tracing struct {
+	tracer     trace.Tracer
+	createName string
+	sendName   string
+	createKind []trace.SpanStartOption
+	sendKind   []trace.SpanStartOption
+	create     []attribute.KeyValue
+	send       []attribute.KeyValue
+}
+
+func newTracing(tracer trace.Tracer, c codec.Codec, sink string) *tracing {
+	system, destination := sink, sink
+	if d, ok := c.(codec.Describer); ok {
+		system, destination = d.Describe()
+	}
+	base := []attribute.KeyValue{attrSystem.String(system), attrDestination.String(destination)}
+	return &tracing{
+		tracer:     tracer,
+		createName: "create " + destination,
+		sendName:   "send " + destination,
+		createKind: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)},
+		sendKind:   []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)},
+		create:     append(base[:2:2], attrOpType.String("create"), attrOpName.String("create")),
+		send:       append(base[:2:2], attrOpType.String("send"), attrOpName.String("send")),
+	}
+}
+
+// startCreate starts a delivery's create span as a child of parent (a new
+// trace when parent is not valid).
+func (t *tracing) startCreate(parent trace.SpanContext) trace.Span {
+	ctx := context.Background()
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
+	_, span := t.tracer.Start(ctx, t.createName, t.createKind...)
+	if span.IsRecording() {
+		span.SetAttributes(t.create...)
+	}
+	return span
+}
+
+// endCreate ends a create span with the delivery's answer.
+func endCreate(span trace.Span, r codec.Result) {
+	if r.Err != nil {
+		span.RecordError(r.Err)
+		span.SetStatus(codes.Error, r.Err.Error())
+	} else if span.IsRecording() {
+		span.SetAttributes(attrMessageID.String(r.ID))
+	}
+	span.End()
+}
+
+// abandonCreate ends the create span of a delivery whose caller gave up
+// before it was sent: nobody is answered.
+func abandonCreate(span trace.Span) {
+	span.SetStatus(codes.Error, "the caller stopped waiting before the message was sent")
+	span.End()
+}
+
+// startSend starts the send span of one request carrying entries, and links
+// each entry's create span to it.
+func (t *tracing) startSend(ctx context.Context, trigger telemetry.Trigger, entries []*entry) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, t.sendName, t.sendKind...)
+	if span.IsRecording() {
+		span.SetAttributes(t.send...)
+		span.SetAttributes(attrBatchCount.Int(len(entries)), attrFlushTrigger.String(trigger.String()))
+		for _, e := range entries {
+			if e.to.span != nil {
+				span.AddLink(trace.Link{SpanContext: e.to.span.SpanContext()})
+			}
+		}
+	}
+	if sc := span.SpanContext(); sc.IsValid() {
+		for _, e := range entries {
+			if e.to.span != nil && e.to.span.IsRecording() {
+				e.to.span.AddLink(trace.Link{SpanContext: sc})
+			}
+		}
+	}
+	return ctx, span
+}
+
+// endSend ends a send span with the request's outcome.
+func endSend(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// traceContext is sc in its W3C header form, for the message to carry; the
+// zero value when sc is not valid.
+func traceContext(sc trace.SpanContext) codec.TraceContext {
+	if !sc.IsValid() {
+		return codec.TraceContext{}
+	}
+	// One allocation: "00-" trace id "-" span id "-" flags.
+	var b [55]byte
+	tid, sid := sc.TraceID(), sc.SpanID()
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	copy(b[52:], "-00")
+	if sc.IsSampled() {
+		b[54] = '1'
+	}
+	return codec.TraceContext{Parent: string(b[:]), State: sc.TraceState().String()}
+}

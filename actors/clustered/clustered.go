@@ -1,0 +1,368 @@
+package clustered
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/asynkron/protoactor-go/remote"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// Kind is the cluster kind of the destination grains. Every member that
+// batches must register it (pass Node.Kind to cluster.WithKinds).
+const Kind = "sinkbatch-destination"
+
+// endpointID is the process id of every member's endpoint: the same on all
+// members, so that one member can address another's by its address alone.
+const endpointID = "sinkbatch-clustered"
+
+// Destinations names this member's codecs; every member registers the same
+// names, each built from its own config and credentials. A name is the
+// cluster identity of its destination: not secret, [A-Za-z0-9._-]{1,200}.
+type Destinations map[string]codec.Codec
+
+// Config configures a Node.
+type Config struct {
+	// Instance is the member's local instance, which runs the batchers of
+	// the destinations this member owns. The caller starts it before New
+	// and stops it after Leave.
+	Instance     *actors.Instance
+	Destinations Destinations
+	// Logger receives the node's logs; nil: the actor system's logger.
+	Logger *slog.Logger
+}
+
+var (
+	// ErrUnreachable answers a delivery whose destination's owner is
+	// unknown, gone or silent until the caller's deadline, or whose owner
+	// left the cluster before answering. The message may or may not have
+	// been sent: retrying with the same idempotency key is safe.
+	ErrUnreachable = errors.New("sinkbatch: the destination's owner is unreachable")
+	// ErrUnknownDestination answers a delivery to a name that is not in
+	// Config.Destinations. Permanent (codec.IsPermanent).
+	ErrUnknownDestination error = permanentError("sinkbatch: unknown destination")
+)
+
+// permanentError is a sentinel error that codec.IsPermanent classifies as
+// permanent.
+type permanentError string
+
+func (e permanentError) Error() string { return string(e) }
+
+// PermanentFailure marks e permanent for codec.IsPermanent.
+func (e permanentError) PermanentFailure() bool { return true }
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// Node is one member's part of cluster mode: it sends every delivery to the
+// grain of its destination, on whichever member owns it, and runs the
+// grains this member owns on Config.Instance. Its methods are safe for
+// concurrent use.
+type Node struct {
+	system *actor.ActorSystem
+	cfg    Config
+	log    *slog.Logger
+	kind   *cluster.Kind
+
+	topo   topology
+	cutMu  sync.Mutex
+	cut    map[string]time.Time // members whose connection was lost, and when (last time)
+	ledger *ledger
+	calls  calls
+	cache  pidCache
+
+	cluster  atomic.Pointer[cluster.Cluster]
+	self     atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
+	sub      *eventstream.Subscription
+	leaving  atomic.Bool
+	inflight callers       // Deliver calls and actor-form deliveries in progress
+	left     chan struct{} // closed when Leave returns
+	quit     chan struct{} // closed when Leave gives up waiting
+	leaveErr error
+	once     sync.Once
+}
+
+// New checks cfg and prepares a node; register its Kind with the cluster
+// before StartMember, then call Attach.
+func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
+	switch {
+	case system == nil:
+		return nil, fmt.Errorf("sinkbatch: clustered.New: nil actor system")
+	case cfg.Instance == nil:
+		return nil, fmt.Errorf("sinkbatch: clustered.Config.Instance is nil")
+	case len(cfg.Destinations) == 0:
+		return nil, fmt.Errorf("sinkbatch: clustered.Config.Destinations is empty")
+	}
+	for name, c := range cfg.Destinations {
+		if !validName.MatchString(name) {
+			return nil, fmt.Errorf("sinkbatch: clustered destination name %q is not [A-Za-z0-9._-]{1,200}", name)
+		}
+		if c == nil {
+			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = system.Logger()
+	}
+	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
+	n.calls.m = map[uint32]*call{}
+	n.cut = map[string]time.Time{}
+	n.cache.m = map[string]*actor.PID{}
+	n.kind = cluster.NewKind(Kind, actor.PropsFromProducer(func() actor.Actor { return &grain{n: n} }))
+	// The endpoint and the topology are in place before StartMember, which
+	// publishes the first topologies and serves grains a second before it
+	// returns.
+	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, endpointID); !ok {
+		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken (one node per actor system)", endpointID)
+	}
+	n.sub = system.EventStream.Subscribe(func(evt any) {
+		switch e := evt.(type) {
+		case *cluster.ClusterTopology:
+			n.onTopology(e)
+		case *remote.EndpointTerminatedEvent:
+			n.onCut(e.Address)
+		}
+	})
+	return n, nil
+}
+
+// Kind is the grain kind to pass to cluster.WithKinds before StartMember.
+func (n *Node) Kind() *cluster.Kind { return n.kind }
+
+// Attach joins the node to c, a started member whose config holds Kind:
+// from then on the node serves the grains this member owns and answers
+// hand-off requests. It logs a WARN when the member's remote listens beyond
+// loopback without transport credentials (see TLSOptions).
+func (n *Node) Attach(c *cluster.Cluster) error {
+	if c == nil {
+		return fmt.Errorf("sinkbatch: clustered.Attach: nil cluster")
+	}
+	if c.ActorSystem != n.system {
+		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster runs on another actor system than the node's")
+	}
+	if _, ok := c.Config.Kinds[Kind]; !ok {
+		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster has no kind %q (pass Node.Kind to cluster.WithKinds)", Kind)
+	}
+	if !n.cluster.CompareAndSwap(nil, c) {
+		return fmt.Errorf("sinkbatch: clustered.Attach: already attached")
+	}
+	if rc := c.Config.RemoteConfig; rc != nil && !loopback(rc.Host) && servesPlaintext(n.system.Address()) {
+		n.log.Warn("sinkbatch: cluster member listens beyond loopback without transport credentials: anyone who reaches it can publish to every destination with this member's credentials; use clustered.TLSOptions",
+			slog.String("address", n.system.Address()))
+	}
+	// A topology published before New subscribed is in the member list.
+	if n.topo.empty() {
+		ms := c.MemberList.Members()
+		n.topo.update(ms.TopologyHash(), ms.Members())
+	}
+	return nil
+}
+
+// onTopology takes a new member list: every cached grain PID is dropped
+// (owners may have moved), and calls to members that left are answered
+// ErrUnreachable at once.
+func (n *Node) onTopology(t *cluster.ClusterTopology) {
+	n.topo.update(t.TopologyHash, t.Members)
+	n.cache.clear()
+	for _, m := range t.Left {
+		n.calls.failMember(m.Address())
+	}
+}
+
+// onCut takes protoactor's word that the connection to address is lost or
+// could not be made: calls to it are answered ErrUnreachable at once, and
+// grains waiting for its hand-off stop waiting (see grain.ask).
+func (n *Node) onCut(address string) {
+	n.cutMu.Lock()
+	n.cut[address] = time.Now()
+	n.cutMu.Unlock()
+	n.calls.failMember(address)
+}
+
+// cutSince reports whether the connection to address was lost at or after
+// t.
+func (n *Node) cutSince(address string, t time.Time) bool {
+	n.cutMu.Lock()
+	defer n.cutMu.Unlock()
+	at, ok := n.cut[address]
+	return ok && !at.Before(t)
+}
+
+// Deliver sends m to destination's batcher, on whichever member owns it,
+// and returns the destination's message id when m's own result is known.
+// The errors mean what they mean for actors.Instance.Deliver, across the
+// wire, plus ErrUnreachable and ErrUnknownDestination. It waits until
+// ctx's deadline, or actors.DefaultTimeout when ctx has none.
+func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message) (string, error) {
+	r, err := n.DeliverResult(ctx, destination, m)
+	return r.ID, err
+}
+
+// PID is where actors send *Deliver, with ctx.Request or a future, to be
+// answered with one *messages.Delivered whose Ref is the Deliver's. Ask for
+// it after StartMember: the PID holds the member's address.
+func (n *Node) PID() *actor.PID {
+	addr := n.system.Address()
+	if pid := n.self.Load(); pid != nil && pid.Address == addr {
+		return pid
+	}
+	pid := actor.NewPID(addr, endpointID)
+	n.self.Store(pid)
+	return pid
+}
+
+// Deliver is the actor form of Node.Deliver: send it to Node.PID.
+type Deliver struct {
+	Destination string
+	Message     codec.Message
+	// Deadline is when the caller stops waiting; zero: actors.DefaultTimeout
+	// from when the node receives it.
+	Deadline time.Time
+	// Ref is echoed in the answer's messages.Delivered.Ref.
+	Ref any
+}
+
+// LogValue keeps the payload out of logs.
+func (d *Deliver) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("destination", d.Destination),
+		slog.String("tenant", d.Message.Tenant),
+		slog.String("group", d.Message.Group),
+		slog.Int("bytes", len(d.Message.Body)),
+	)
+}
+
+// deliverFor answers an actor-form Deliver from its own goroutine.
+func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
+	if !n.inflight.enter() {
+		if sender != nil {
+			n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, Err: messages.ErrStopped})
+		}
+		return
+	}
+	go func() {
+		defer n.inflight.exit()
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if !d.Deadline.IsZero() {
+			ctx, cancel = context.WithDeadline(ctx, d.Deadline)
+		}
+		defer cancel()
+		r, err := n.deliver(ctx, d.Destination, d.Message)
+		if sender != nil {
+			n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: err})
+		}
+	}()
+}
+
+// Leave hands off every destination this member owns and leaves the
+// cluster, in this order: the member stops admitting deliveries (callers
+// are turned to the other members, which wait for the hand-off before they
+// admit any) and Deliver answers messages.ErrStopped; everything the member
+// admitted is answered by its batchers; deliveries this member's callers
+// have in progress elsewhere are answered; then the member leaves the
+// cluster gracefully (cluster.Shutdown(true)), which also shuts down the
+// actor system. Stop Config.Instance afterwards. If ctx ends first, the
+// member leaves all the same and Leave returns an error wrapping ctx.Err():
+// what was not answered then reaches its callers as ErrUnreachable. Later
+// calls wait for the first and return its result.
+func (n *Node) Leave(ctx context.Context) error {
+	n.once.Do(func() {
+		defer close(n.left)
+		n.leaving.Store(true)
+		grains, idle := n.ledger.leave()
+		for _, g := range grains {
+			n.system.Root.Send(g, yield{})
+		}
+		done := n.inflight.close()
+		drained := make(chan struct{})
+		go func() {
+			<-idle
+			<-done
+			close(drained)
+		}()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			n.leaveErr = fmt.Errorf("sinkbatch: clustered.Leave: %w", ctx.Err())
+			// Nothing will answer what is left: release its waiters.
+			close(n.quit)
+			n.ledger.abandon()
+			n.calls.failAll()
+		}
+		if c := n.cluster.Load(); c != nil {
+			c.Shutdown(true)
+		}
+		n.system.EventStream.Unsubscribe(n.sub)
+		n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
+		<-drained
+	})
+	<-n.left
+	return n.leaveErr
+}
+
+// loopback reports whether host is a loopback address or name.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// callers counts a node's deliveries in progress, and tells Leave when none
+// is left once it closed the count to newcomers. Safe for concurrent use.
+type callers struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed once closed and n is 0
+}
+
+// enter counts a delivery in, unless Leave has begun.
+func (c *callers) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.n++
+	return true
+}
+
+// exit counts a delivery out.
+func (c *callers) exit() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n--
+	if c.closed && c.n == 0 && c.zero != nil {
+		close(c.zero)
+		c.zero = nil
+	}
+}
+
+// close refuses newcomers and returns a channel closed once none is left.
+func (c *callers) close() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	ch := make(chan struct{})
+	if c.n == 0 {
+		close(ch)
+	} else {
+		c.zero = ch
+	}
+	return ch
+}

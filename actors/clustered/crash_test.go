@@ -1,0 +1,64 @@
+//go:build !race
+
+package clustered_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// crash cuts m off as a killed process would be: its health endpoint and its
+// remote stop at once, with no hand-off and no goodbye. Its instance is
+// stopped when the test ends.
+func (m *member) crash(t testing.TB) {
+	m.gone = true
+	_ = m.cluster.Config.ClusterProvider.Shutdown(false)
+	m.cluster.Remote.Shutdown(false)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.inst.Stop(ctx)
+		// Close what a dead process would have lost with it: its
+		// connections to the other members.
+		m.cluster.Remote.Shutdown(true)
+		m.system.Shutdown()
+	})
+}
+
+// TestCrash: a member that owns destinations dies mid-load. What it held is
+// answered ErrUnreachable (never anything else), nothing acknowledged is
+// missing at the server, and deliveries succeed again once the provider
+// drops it.
+func TestCrash(t *testing.T) {
+	pool := names(24)
+	w := newWatched(t, 20*time.Millisecond, pool...)
+	c := newManaged(t, 3)
+	dests := c.pick(pool, 2, 3, 0, 1, 2)
+	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
+	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o), c.start(t, 2, pool, o)}
+	t.Cleanup(func() { leaveAll(t, ms) })
+	waitMembers(t, ms, 3)
+
+	l := startLoad(ms[:2], dests, 2, 2)
+	l.waitSuccesses(t, 300)
+	require.Positive(t, ms[2].inst.Stats().Batchers, "the victim owns none of the destinations")
+	crashed := time.Now()
+	ms[2].crash(t)
+	waitMembers(t, ms, 2)
+	dropped := time.Since(crashed)
+	l.waitSuccesses(t, 300)
+	l.finish()
+
+	missing, violations := l.check(w)
+	t.Logf("crash: %d delivered, errors %v, provider dropped the member after %v, longest gap between successes %v, slowest delivery %v",
+		len(l.acked), l.errs, dropped, l.gap(), l.maxLat)
+	assert.Zero(t, missing, "acknowledged but missing")
+	assert.Zero(t, violations, "order violations")
+	for class := range l.errs {
+		assert.Equal(t, "unreachable", class)
+	}
+}

@@ -1,0 +1,271 @@
+package clustered
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
+
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// Timing of a grain's hand-off.
+const (
+	// handoffRetry is how often a waiting grain asks again the members
+	// that have not answered its HandoffRequest: a request to a grain that
+	// is stopping is dropped, and so is one to a member being dialled.
+	handoffRetry = 100 * time.Millisecond
+	// yieldLinger is how long a grain that yielded keeps answering
+	// "not the owner" before it stops. Deliveries sent to an actor between
+	// its stop and its name's removal are dropped without an answer; by
+	// lingering, the callers that still hold its PID learn to look again.
+	yieldLinger = 250 * time.Millisecond
+	// handoffGiveUp is how long a member's HandoffRequests must keep
+	// coming back as dead letters (it cannot be connected to) before a
+	// waiting grain stops waiting for it.
+	handoffGiveUp = time.Second
+	// maxBuffered bounds the deliveries a grain holds while it waits for
+	// its hand-off; more are refused with *messages.RetryAfterError.
+	maxBuffered = 4096
+)
+
+type grainState int
+
+const (
+	waiting   grainState = iota // asking the other members to hand off
+	admitting                   // handing deliveries to the local instance
+	yielding                    // refusing everything, then stopping
+)
+
+// yield tells a grain to stop admitting, hand its destination off and stop.
+type yield struct{}
+
+// retryTick makes a waiting grain ask again.
+type retryTick struct{}
+
+// stopTick ends a yielded grain's linger.
+type stopTick struct{}
+
+// grain is the one admitter of a destination's deliveries in the cluster,
+// written by hand rather than generated because the generated grains answer
+// inside Receive, which would let one request through at a time.
+//
+// A grain admits only while its member owns the destination in the latest
+// topology, and only after every other member has answered HandoffDone:
+// then no other member admits the destination, and everything any of them
+// admitted has been answered. A grain told to hand off, or that finds it is
+// not the owner, refuses from then on ("not the owner": the caller looks
+// again), lingers, and stops. A grain's fields are touched only by its
+// Receive.
+type grain struct {
+	n           *Node
+	destination string
+	codec       codec.Codec
+	state       grainState
+	awaiting    map[string]bool      // members whose HandoffDone is missing
+	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
+	askedAt     time.Time            // when the grain began to wait
+	ownedAt     uint64               // the topology version owns was computed for
+	owns        bool                 // the member owns destination in that version
+	buffered    []parked             // deliveries received while waiting, in order
+	timer       *time.Timer
+}
+
+// parked is a delivery a waiting grain holds.
+type parked struct {
+	req      *clusterpb.DeliverRequest
+	sender   *actor.PID
+	deadline time.Time
+}
+
+func (g *grain) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *cluster.ClusterInit:
+		g.start(ctx, m.Identity.Identity)
+	case *clusterpb.DeliverRequest:
+		g.deliver(ctx, m, ctx.Sender())
+	case *clusterpb.HandoffDone:
+		if g.state == waiting {
+			delete(g.awaiting, m.Member)
+			g.ask(ctx, false)
+		}
+	case *actor.DeadLetterResponse:
+		if g.state == waiting && m.Target != nil {
+			g.unreachable(ctx, m.Target.Address)
+		}
+	case retryTick:
+		if g.state == waiting {
+			g.ask(ctx, true)
+		}
+	case yield:
+		g.yield(ctx)
+	case stopTick:
+		ctx.Stop(ctx.Self())
+	case *actor.Stopping:
+		g.refuseBuffered()
+		g.n.apply(g.n.ledger.unregister(g.destination, ctx.Self()))
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+	}
+}
+
+// start begins the grain's life: it registers as its member's admitter of
+// destination and asks every other member to hand it off.
+func (g *grain) start(ctx actor.Context, destination string) {
+	g.destination = destination
+	g.codec = g.n.cfg.Destinations[destination]
+	if g.codec == nil || !g.owned() ||
+		!g.n.ledger.register(destination, ctx.Self()) {
+		g.yield(ctx)
+		return
+	}
+	g.awaiting = map[string]bool{}
+	g.askedAt = time.Now()
+	for _, a := range g.n.topo.others(g.n.system.Address()) {
+		g.awaiting[a] = true
+	}
+	g.ask(ctx, true)
+}
+
+// ask sends a HandoffRequest to each member still awaited (if send), and
+// admits once none is. Members that left the topology are not awaited, nor
+// are those protoactor lost its connection to while the grain waited:
+// what they held is lost with them, as with a crash. (A connection that
+// drops while a live member still has a request in flight lets that
+// request overlap the new owner's; the package doc says so.)
+func (g *grain) ask(ctx actor.Context, send bool) {
+	for a := range g.awaiting {
+		if !g.n.topo.has(a) || g.n.cutSince(a, g.askedAt) {
+			delete(g.awaiting, a)
+		}
+	}
+	if len(g.awaiting) == 0 {
+		g.state = admitting
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+		for _, b := range g.buffered {
+			g.admit(b)
+		}
+		g.buffered = nil
+		return
+	}
+	if send {
+		req := &clusterpb.HandoffRequest{Destination: g.destination}
+		for a := range g.awaiting {
+			ctx.Request(actor.NewPID(a, endpointID), req)
+		}
+		g.after(ctx, handoffRetry, retryTick{})
+	}
+}
+
+// unreachable notes that a HandoffRequest to member came back undelivered:
+// the member cannot be connected to. Once that has lasted handoffGiveUp the
+// grain stops waiting for it, as for a member that left: a member nobody can
+// reach can hold no delivery from them. (It may hold its own callers'
+// deliveries: see the package doc on partitions.)
+func (g *grain) unreachable(ctx actor.Context, member string) {
+	if !g.awaiting[member] {
+		return
+	}
+	if g.unreached == nil {
+		g.unreached = map[string]time.Time{}
+	}
+	since, seen := g.unreached[member]
+	if !seen {
+		g.unreached[member] = time.Now()
+		return
+	}
+	if time.Since(since) >= handoffGiveUp {
+		g.n.log.Warn("sinkbatch: taking a destination over without the hand-off of a member that cannot be reached",
+			slog.String("destination", g.destination), slog.String("member", member))
+		delete(g.awaiting, member)
+		g.ask(ctx, false)
+	}
+}
+
+// after sends msg to the grain after d.
+func (g *grain) after(ctx actor.Context, d time.Duration, msg any) {
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	self, root := ctx.Self(), g.n.system.Root
+	g.timer = time.AfterFunc(d, func() { root.Send(self, msg) })
+}
+
+// owned reports whether the member owns the destination in the latest
+// topology, computing it once per topology version.
+func (g *grain) owned() bool {
+	if v := g.n.topo.version.Load(); v != g.ownedAt || v == 0 {
+		g.ownedAt = v
+		g.owns = g.n.topo.owner(g.destination) == g.n.system.Address()
+	}
+	return g.owns
+}
+
+// deliver takes one delivery.
+func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID) {
+	if g.codec == nil && g.state != yielding {
+		g.reply(sender, &clusterpb.DeliverReply{Error: encodeError(ErrUnknownDestination)})
+		return
+	}
+	if g.state != yielding && (!g.owned() || g.n.leaving.Load()) {
+		g.yield(ctx)
+	}
+	b := parked{req: req, sender: sender, deadline: time.Now().Add(time.Duration(req.BudgetNanos))}
+	switch g.state {
+	case yielding:
+		g.reply(sender, &clusterpb.DeliverReply{NotOwner: true})
+	case waiting:
+		if len(g.buffered) >= maxBuffered {
+			g.reply(sender, &clusterpb.DeliverReply{Error: encodeError(&messages.RetryAfterError{After: handoffRetry, Reason: messages.FullEntries})})
+			return
+		}
+		g.buffered = append(g.buffered, b)
+	case admitting:
+		g.admit(b)
+	}
+}
+
+// admit hands a delivery to the local instance; its answer goes to the
+// endpoint, which answers the caller and counts it in the ledger.
+func (g *grain) admit(b parked) {
+	n := g.n
+	n.ledger.admit(g.destination)
+	n.system.Root.RequestWithCustomSender(n.cfg.Instance.PID(), &messages.Deliver{
+		Codec:    g.codec,
+		Message:  fromWire(b.req.Message),
+		Deadline: b.deadline,
+		Ref:      &admission{destination: g.destination, replyTo: b.sender},
+	}, n.PID())
+}
+
+// yield stops admitting for good: buffered deliveries are refused, the
+// ledger hands the destination off once what was admitted is answered, and
+// the grain stops after lingering.
+func (g *grain) yield(ctx actor.Context) {
+	if g.state == yielding {
+		return
+	}
+	g.state = yielding
+	g.refuseBuffered()
+	g.n.apply(g.n.ledger.unregister(g.destination, ctx.Self()))
+	g.after(ctx, yieldLinger, stopTick{})
+}
+
+func (g *grain) refuseBuffered() {
+	for _, b := range g.buffered {
+		g.reply(b.sender, &clusterpb.DeliverReply{NotOwner: true})
+	}
+	g.buffered = nil
+}
+
+func (g *grain) reply(to *actor.PID, r *clusterpb.DeliverReply) {
+	if to != nil {
+		g.n.system.Root.Send(to, r)
+	}
+}

@@ -1,0 +1,249 @@
+//go:build !race
+
+package clustered_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors/clustered"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// freePort is a loopback TCP port nobody listens on now.
+func freePort(t testing.TB) int {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer lis.Close()
+	return lis.Addr().(*net.TCPAddr).Port
+}
+
+// managed is a cluster of members on loopback with the automanaged
+// provider: each member serves /_health on a port of its slot and polls every
+// slot's; a slot whose member is not running is skipped.
+type managed struct {
+	health  []int    // each slot's health port
+	remotes []int    // each slot's remote port
+	hosts   []string // every slot's health address
+}
+
+func newManaged(t testing.TB, slots int) *managed {
+	c := &managed{}
+	for range slots {
+		c.health = append(c.health, freePort(t))
+		c.remotes = append(c.remotes, freePort(t))
+	}
+	for _, p := range c.health {
+		c.hosts = append(c.hosts, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	return c
+}
+
+// start starts the member of slot i.
+func (c *managed) start(t testing.TB, i int, names []string, o memberOpts) *member {
+	o.provider = automanaged.NewWithConfig(200*time.Millisecond, c.health[i], c.hosts...)
+	o.port = c.remotes[i]
+	o.noCleanup = true
+	return startMember(t, names, o)
+}
+
+// address is the remote address of slot i's member.
+func (c *managed) address(i int) string { return fmt.Sprintf("127.0.0.1:%d", c.remotes[i]) }
+
+// owner is the slot that owns destination when the slots in running are
+// the members.
+func (c *managed) owner(destination string, running ...int) int {
+	var ms cluster.Members
+	for _, i := range running {
+		ms = append(ms, &cluster.Member{Host: "127.0.0.1", Port: int32(c.remotes[i]), Kinds: []string{clustered.Kind}})
+	}
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(ms)
+	addr := rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: destination, Kind: clustered.Kind})
+	for _, i := range running {
+		if c.address(i) == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// pick returns n names from pool that slot wants owns once the slots in
+// after are the members, and n that it does not.
+func (c *managed) pick(pool []string, slot, n int, after ...int) []string {
+	var own, other []string
+	for _, name := range pool {
+		if c.owner(name, after...) == slot {
+			if len(own) < n {
+				own = append(own, name)
+			}
+		} else if len(other) < n {
+			other = append(other, name)
+		}
+	}
+	return append(own, other...)
+}
+
+// load runs callers until stopped and records what they were answered.
+type load struct {
+	mu     sync.Mutex
+	acked  map[string]string // body → message id
+	errs   map[string]int    // error text class → count
+	done   []time.Time       // when each success was answered
+	lats   []time.Duration   // and how long it took, from its first attempt
+	maxLat time.Duration
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// startLoad starts, on each member of from, per destination and group,
+// per callers: each sends its group's messages one after another, with a
+// 5 s deadline, a body "caller/seq" and that body as its idempotency key.
+func startLoad(from []*member, dests []string, groups, per int) *load {
+	l := &load{acked: map[string]string{}, errs: map[string]int{}, stop: make(chan struct{})}
+	for mi, m := range from {
+		for _, d := range dests {
+			for g := range groups {
+				for c := range per {
+					caller := fmt.Sprintf("m%d.%s.g%d.c%d", mi, d, g, c)
+					l.wg.Add(1)
+					go l.caller(m, d, fmt.Sprintf("g%d", g), caller)
+				}
+			}
+		}
+	}
+	return l
+}
+
+func (l *load) caller(m *member, dest, group, caller string) {
+	defer l.wg.Done()
+	for seq := 0; ; seq++ {
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		body := fmt.Sprintf("%s/%d", caller, seq)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		start := time.Now()
+		id, err := m.node.Deliver(ctx, dest, codec.Message{Group: group, Body: []byte(body), IdempotencyKey: body})
+		cancel()
+		lat := time.Since(start)
+		l.mu.Lock()
+		if err == nil {
+			l.acked[body] = id
+			l.done = append(l.done, time.Now())
+			l.lats = append(l.lats, lat)
+			l.maxLat = max(l.maxLat, lat)
+		} else {
+			l.errs[classify(err)]++
+		}
+		l.mu.Unlock()
+		if errors.Is(err, messages.ErrStopped) {
+			return
+		}
+	}
+}
+
+// classify names an error by what a caller branches on.
+func classify(err error) string {
+	switch {
+	case errors.Is(err, clustered.ErrUnreachable):
+		return "unreachable"
+	case errors.Is(err, messages.ErrStopped):
+		return "stopped"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	}
+	return err.Error()
+}
+
+// finish stops the callers and waits for them.
+func (l *load) finish() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// gap is the longest time between two successive successes.
+func (l *load) gap() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	done := slices.Clone(l.done)
+	slices.SortFunc(done, func(a, b time.Time) int { return a.Compare(b) })
+	var g time.Duration
+	for i := 1; i < len(done); i++ {
+		g = max(g, done[i].Sub(done[i-1]))
+	}
+	return g
+}
+
+func (l *load) successes() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// waitSuccesses waits until the load has had n more successes.
+func (l *load) waitSuccesses(t testing.TB, n int) {
+	t.Helper()
+	want := l.successes() + n
+	require.Eventually(t, func() bool { return l.successes() >= want }, 15*time.Second, 5*time.Millisecond)
+}
+
+// check compares what the server stored with what the callers were told:
+// every acknowledged message is there under its id (missing counts those
+// that are not), and each caller's messages are in its order (violations).
+func (l *load) check(w *watched) (missing, violations int) {
+	stored := map[string]string{}
+	last := map[string]int{}
+	for _, m := range w.srv.Messages() {
+		body := string(m.Data)
+		stored[body] = m.ID
+		caller, seqText, _ := strings.Cut(body, "/")
+		seq, _ := strconv.Atoi(seqText)
+		if prev, ok := last[caller]; ok && seq <= prev {
+			violations++
+		}
+		last[caller] = seq
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for body, id := range l.acked {
+		if stored[body] != id {
+			missing++
+		}
+	}
+	return missing, violations
+}
+
+var _ = remote.Configure
+
+// slowest is the longest delivery answered before t, and the longest
+// answered after it.
+func (l *load) slowest(t time.Time) (before, after time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, at := range l.done {
+		if at.Before(t) {
+			before = max(before, l.lats[i])
+		} else {
+			after = max(after, l.lats[i])
+		}
+	}
+	return before, after
+}

@@ -1,0 +1,84 @@
+package clustered
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"time"
+
+	"github.com/asynkron/protoactor-go/remote"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// MutualTLS is a *tls.Config for a cluster whose members all hold a
+// certificate signed by ca: cert is this member's, presented both when it
+// serves and when it dials; peers must present one signed by ca too, and
+// the certificate a member serves must be valid for serverName (one name
+// for the whole cluster, since members dial each other by IP address).
+func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		RootCAs:      ca,
+		ClientCAs:    ca,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ServerName:   serverName,
+		MinVersion:   tls.VersionTLS13,
+	}
+}
+
+// TLSOptions are the options that make protoactor's remote serve and dial
+// with cfg: pass them to remote.Configure. A cluster member's remote port
+// accepts deliveries to every destination, so give members a cfg that
+// requires and verifies client certificates (MutualTLS does), or anyone who
+// can reach the port can publish with this member's credentials. cfg is
+// cloned; the server side always requires a verified client certificate
+// (against cfg.ClientCAs, or cfg.RootCAs when that is nil).
+func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
+	server := cfg.Clone()
+	if server.ClientCAs == nil {
+		server.ClientCAs = server.RootCAs
+	}
+	server.ClientAuth = tls.RequireAndVerifyClientCert
+	client := cfg.Clone()
+	return []remote.ConfigOption{
+		remote.WithServerOptions(grpc.Creds(credentials.NewTLS(server))),
+		remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(client))),
+	}
+}
+
+// servesPlaintext reports whether the gRPC server at address answers
+// HTTP/2 without TLS: it sends the HTTP/2 client preface and an empty
+// SETTINGS frame, and a plaintext server answers with its SETTINGS frame,
+// where a TLS server answers with an alert or closes. It judges the server
+// by what it does, however its credentials were configured.
+func servesPlaintext(address string) bool {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 2*time.Second)
+	if err != nil {
+		// An advertised address may not route back to the member itself.
+		if conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), 2*time.Second); err != nil {
+			return false
+		}
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	preface := append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)
+	if _, err := conn.Write(preface); err != nil {
+		return false
+	}
+	frame := make([]byte, 9)
+	if _, err := io.ReadFull(conn, frame); err != nil {
+		return false
+	}
+	const settings = 4
+	return frame[3] == settings && bytes.Equal(frame[5:9], []byte{0, 0, 0, 0})
+}

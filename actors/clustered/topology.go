@@ -1,0 +1,75 @@
+package clustered
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/cluster"
+)
+
+// topology is the latest member list a Node has seen and the owner it
+// gives each destination: the member protoactor's disthash lookup activates
+// a destination's grain on, by the same rendezvous hash. Safe for
+// concurrent use.
+type topology struct {
+	version atomic.Uint64 // bumped by each update, after it
+	mu      sync.RWMutex
+	rdv     *cluster.Rendezvous
+	members map[string]bool // addresses of the members that host Kind
+	hash    uint64
+}
+
+// update takes a new member list.
+func (t *topology) update(hash uint64, members []*cluster.Member) {
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(members)
+	set := make(map[string]bool, len(members))
+	for _, m := range members {
+		if m.HasKind(Kind) {
+			set[m.Address()] = true
+		}
+	}
+	t.mu.Lock()
+	t.rdv, t.members, t.hash = rdv, set, hash
+	t.mu.Unlock()
+	t.version.Add(1)
+}
+
+// owner is the address of the member that owns destination, "" if no
+// member hosts Kind.
+func (t *topology) owner(destination string) string {
+	t.mu.RLock()
+	rdv := t.rdv
+	t.mu.RUnlock()
+	if rdv == nil {
+		return ""
+	}
+	return rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: destination, Kind: Kind})
+}
+
+// has reports whether address is a member hosting Kind.
+func (t *topology) has(address string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.members[address]
+}
+
+// others are the addresses of the members hosting Kind other than self.
+func (t *topology) others(self string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]string, 0, len(t.members))
+	for a := range t.members {
+		if a != self {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// empty reports whether no member list was taken yet.
+func (t *topology) empty() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.rdv == nil
+}

@@ -1,0 +1,166 @@
+package clustered
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// sentinels are the error values a caller may branch on with errors.Is, in
+// the form they travel. An owner records each one its error matches; the
+// caller's copy matches the same ones.
+var sentinels = []struct {
+	wire clusterpb.Sentinel
+	err  error
+}{
+	{clusterpb.Sentinel_SENTINEL_STOPPED, messages.ErrStopped},
+	{clusterpb.Sentinel_SENTINEL_BATCHER_DOWN, messages.ErrBatcherDown},
+	{clusterpb.Sentinel_SENTINEL_NIL_CODEC, messages.ErrNilCodec},
+	{clusterpb.Sentinel_SENTINEL_DEADLINE_EXCEEDED, context.DeadlineExceeded},
+	{clusterpb.Sentinel_SENTINEL_CANCELED, context.Canceled},
+	{clusterpb.Sentinel_SENTINEL_TOO_LARGE, codec.ErrTooLarge},
+	{clusterpb.Sentinel_SENTINEL_REFUSED, codec.ErrRefused},
+	{clusterpb.Sentinel_SENTINEL_CODEC_PANIC, codec.ErrCodecPanic},
+	{clusterpb.Sentinel_SENTINEL_RESULT_COUNT, codec.ErrResultCount},
+	{clusterpb.Sentinel_SENTINEL_THROTTLED, codec.ErrThrottled},
+	{clusterpb.Sentinel_SENTINEL_UNKNOWN_DESTINATION, ErrUnknownDestination},
+	{clusterpb.Sentinel_SENTINEL_UNREACHABLE, ErrUnreachable},
+}
+
+// encodeError is err in its wire form: its text, every sentinel it wraps,
+// whether codec.IsPermanent holds, and the fields of the typed errors in its
+// chain. nil stays nil.
+func encodeError(err error) *clusterpb.Error {
+	if err == nil {
+		return nil
+	}
+	w := &clusterpb.Error{Text: err.Error(), Permanent: codec.IsPermanent(err)}
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			w.Sentinels = append(w.Sentinels, s.wire)
+		}
+	}
+	var ra *messages.RetryAfterError
+	if errors.As(err, &ra) {
+		w.RetryAfter = &clusterpb.RetryAfter{AfterNanos: int64(ra.After), Reason: int32(ra.Reason)}
+	}
+	var ee *codec.EntryError
+	if errors.As(err, &ee) {
+		w.Entry = &clusterpb.EntryError{Code: ee.Code, Message: ee.Message, Permanent: ee.Permanent, Throttled: ee.Throttled}
+	}
+	var gp *messages.GroupPausedError
+	if errors.As(err, &gp) {
+		w.GroupPaused = &clusterpb.GroupPaused{Group: gp.Group, Key: gp.Key}
+	}
+	return w
+}
+
+// decodeError is the caller's copy of an owner's error. nil stays nil.
+func decodeError(w *clusterpb.Error) error {
+	if w == nil {
+		return nil
+	}
+	e := &remoteError{text: w.Text, permanent: w.Permanent}
+	for _, s := range w.Sentinels {
+		for _, known := range sentinels {
+			if known.wire == s {
+				e.is = append(e.is, known.err)
+			}
+		}
+	}
+	if ra := w.RetryAfter; ra != nil {
+		e.retryAfter = &messages.RetryAfterError{After: time.Duration(ra.AfterNanos), Reason: messages.FullReason(ra.Reason)}
+	}
+	if ee := w.Entry; ee != nil {
+		e.entry = &codec.EntryError{Code: ee.Code, Message: ee.Message, Permanent: ee.Permanent, Throttled: ee.Throttled}
+	}
+	if gp := w.GroupPaused; gp != nil {
+		e.paused = &messages.GroupPausedError{Group: gp.Group, Key: gp.Key}
+	}
+	return e
+}
+
+// remoteError is an error an owner answered with, as its caller sees it:
+// the same text, errors.Is true for the same sentinels, errors.As finding
+// the same typed errors with the same fields, and codec.IsPermanent giving
+// the same answer.
+type remoteError struct {
+	text       string
+	is         []error
+	permanent  bool
+	retryAfter *messages.RetryAfterError
+	entry      *codec.EntryError
+	paused     *messages.GroupPausedError
+}
+
+func (e *remoteError) Error() string { return e.text }
+
+// Is reports whether the owner's error matched target.
+func (e *remoteError) Is(target error) bool {
+	for _, s := range e.is {
+		if s == target {
+			return true
+		}
+	}
+	return false
+}
+
+// As fills the typed errors the owner's error held.
+func (e *remoteError) As(target any) bool {
+	switch t := target.(type) {
+	case **messages.RetryAfterError:
+		if e.retryAfter != nil {
+			c := *e.retryAfter
+			*t = &c
+			return true
+		}
+	case **codec.EntryError:
+		if e.entry != nil {
+			c := *e.entry
+			*t = &c
+			return true
+		}
+	case **messages.GroupPausedError:
+		if e.paused != nil {
+			c := *e.paused
+			*t = &c
+			return true
+		}
+	}
+	return false
+}
+
+// PermanentFailure carries codec.IsPermanent's answer on the owner.
+func (e *remoteError) PermanentFailure() bool { return e.permanent }
+
+// toWire is m in its wire form.
+func toWire(m codec.Message) *clusterpb.Message {
+	return &clusterpb.Message{
+		Tenant:         m.Tenant,
+		Group:          m.Group,
+		IdempotencyKey: m.IdempotencyKey,
+		Body:           m.Body,
+		Attributes:     m.Attributes,
+		TraceParent:    m.Trace.Parent,
+		TraceState:     m.Trace.State,
+	}
+}
+
+// fromWire is the message w carries.
+func fromWire(w *clusterpb.Message) codec.Message {
+	if w == nil {
+		return codec.Message{}
+	}
+	return codec.Message{
+		Tenant:         w.Tenant,
+		Group:          w.Group,
+		IdempotencyKey: w.IdempotencyKey,
+		Body:           w.Body,
+		Attributes:     w.Attributes,
+		Trace:          codec.TraceContext{Parent: w.TraceParent, State: w.TraceState},
+	}
+}

@@ -1,0 +1,94 @@
+package clustered
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// overTheWire is err as a caller on another member gets it: encoded,
+// marshalled, unmarshalled, decoded.
+func overTheWire(t *testing.T, err error) error {
+	t.Helper()
+	b, merr := proto.Marshal(&clusterpb.DeliverReply{Error: encodeError(err)})
+	require.NoError(t, merr)
+	var r clusterpb.DeliverReply
+	require.NoError(t, proto.Unmarshal(b, &r))
+	return decodeError(r.Error)
+}
+
+// TestErrorsKeepTheirMeaningAcrossTheWire: every answer a local delivery
+// can get is, after the wire, the same to errors.Is, errors.As (with the
+// same fields), codec.IsPermanent, codec.IsThrottled, and reads the same.
+func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
+	cases := map[string]error{
+		"retry after":         &messages.RetryAfterError{After: 370 * time.Millisecond, Reason: messages.FullTenant},
+		"stopped":             messages.ErrStopped,
+		"batcher down":        fmt.Errorf("sinkbatch: request: %w", messages.ErrBatcherDown),
+		"nil codec":           messages.ErrNilCodec,
+		"group paused":        &messages.GroupPausedError{Group: "g1", Key: "k7"},
+		"deadline":            fmt.Errorf("sinkbatch: queued past its deadline: %w", context.DeadlineExceeded),
+		"canceled":            context.Canceled,
+		"too large":           fmt.Errorf("%w: 2000000 bytes", codec.ErrTooLarge),
+		"refused":             fmt.Errorf("%w: bad body", codec.ErrRefused),
+		"codec panic send":    fmt.Errorf("%w: boom", codec.ErrCodecPanic),
+		"codec panic size":    fmt.Errorf("%w: %w", codec.ErrCodecPanic, &codec.EntryError{Code: "Panic", Permanent: true}),
+		"result count":        fmt.Errorf("%w: 3 for 4", codec.ErrResultCount),
+		"throttled":           fmt.Errorf("%w: slow down", codec.ErrThrottled),
+		"entry permanent":     &codec.EntryError{Code: "InvalidMessageContents", Message: "bad char", Permanent: true},
+		"entry throttled":     &codec.EntryError{Code: "RequestThrottled", Throttled: true},
+		"entry retryable":     &codec.EntryError{Code: "InternalError", Message: "try again"},
+		"unknown destination": fmt.Errorf("%w %q", ErrUnknownDestination, "nope"),
+		"unreachable":         fmt.Errorf("%w: %w", ErrUnreachable, context.DeadlineExceeded),
+		"plain":               errors.New("sinkbatch: something else"),
+	}
+	for name, orig := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := overTheWire(t, orig)
+			require.Error(t, got)
+			assert.Equal(t, orig.Error(), got.Error())
+			assert.Equal(t, codec.IsPermanent(orig), codec.IsPermanent(got), "IsPermanent")
+			assert.Equal(t, codec.IsThrottled(orig), codec.IsThrottled(got), "IsThrottled")
+			for _, s := range sentinels {
+				assert.Equal(t, errors.Is(orig, s.err), errors.Is(got, s.err), "errors.Is %v", s.err)
+			}
+			var ra1, ra2 *messages.RetryAfterError
+			if assert.Equal(t, errors.As(orig, &ra1), errors.As(got, &ra2)) && ra1 != nil {
+				assert.Equal(t, *ra1, *ra2)
+			}
+			var ee1, ee2 *codec.EntryError
+			if assert.Equal(t, errors.As(orig, &ee1), errors.As(got, &ee2)) && ee1 != nil {
+				assert.Equal(t, *ee1, *ee2)
+			}
+			var gp1, gp2 *messages.GroupPausedError
+			if assert.Equal(t, errors.As(orig, &gp1), errors.As(got, &gp2)) && gp1 != nil {
+				assert.Equal(t, *gp1, *gp2)
+			}
+		})
+	}
+	assert.NoError(t, overTheWire(t, nil))
+}
+
+// TestMessageRoundTrip: every field of a message crosses the wire.
+func TestMessageRoundTrip(t *testing.T) {
+	m := codec.Message{
+		Tenant: "t", Group: "g", IdempotencyKey: "k", Body: []byte("body"),
+		Attributes: map[string]string{"a": "1", "b": "2"},
+		Trace:      codec.TraceContext{Parent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", State: "x=y"},
+	}
+	b, err := proto.Marshal(toWire(m))
+	require.NoError(t, err)
+	var w clusterpb.Message
+	require.NoError(t, proto.Unmarshal(b, &w))
+	assert.Equal(t, m, fromWire(&w))
+}

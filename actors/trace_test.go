@@ -1,0 +1,242 @@
+package actors_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/sivchari/kumo"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
+	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// tracedInstance starts an instance whose spans go to a recorder.
+func tracedInstance(t *testing.T, name string) (*actors.Instance, *tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, inst := start(t, actors.Config{Name: name, TracerProvider: tp})
+	return inst, rec, tp
+}
+
+// spansNamed returns the ended spans whose name starts with prefix.
+func spansNamed(rec *tracetest.SpanRecorder, prefix string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if strings.HasPrefix(s.Name(), prefix) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attr(s sdktrace.ReadOnlySpan, key string) string {
+	for _, kv := range s.Attributes() {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+// One create span per delivery, a child of the caller's span, ended with its
+// answer; one send span per request, linked both ways; the message carries
+// its create span's context.
+func TestTracingCreateAndSendSpans(t *testing.T) {
+	inst, rec, tp := tracedInstance(t, "traced")
+	c := fakecodec.New("q", lim10)
+	c.Tune = codec.Tuning{Linger: time.Hour, MaxEntries: 3}
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "dispatch")
+	ids := make([]string, 3)
+	var chans []<-chan result
+	for i := range 3 {
+		ch := make(chan result, 1)
+		chans = append(chans, ch)
+		go func() {
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			id, err := inst.Deliver(dctx, c, msg("a", "", fmt.Sprint(i)))
+			ch <- result{id, err}
+		}()
+	}
+	for i, ch := range chans {
+		r := await(t, ch)
+		require.NoError(t, r.err)
+		ids[i] = r.id
+	}
+	parent.End()
+
+	creates := spansNamed(rec, "create ")
+	require.Len(t, creates, 3)
+	sends := spansNamed(rec, "send ")
+	require.Len(t, sends, 1)
+	send := sends[0]
+	assert.Equal(t, trace.SpanKindClient, send.SpanKind())
+	assert.Equal(t, "3", attr(send, "messaging.batch.message_count"))
+	assert.Equal(t, "entries", attr(send, "sinkbatch.flush.trigger"))
+	assert.Equal(t, "send", attr(send, "messaging.operation.type"))
+	assert.Equal(t, "fake", attr(send, "messaging.system"), "a codec without Describer is traced under its Name")
+	require.Len(t, send.Links(), 3)
+
+	sent := map[string]codec.Message{}
+	for _, m := range c.Sent() {
+		sent[string(m.Body)] = m
+	}
+	var gotIDs []string
+	for _, s := range creates {
+		assert.Equal(t, trace.SpanKindProducer, s.SpanKind())
+		assert.Equal(t, parent.SpanContext().SpanID(), s.Parent().SpanID(), "a child of the caller's span")
+		assert.Equal(t, parent.SpanContext().TraceID(), s.SpanContext().TraceID())
+		assert.Equal(t, "create", attr(s, "messaging.operation.type"))
+		assert.Equal(t, codes.Unset, s.Status().Code)
+		gotIDs = append(gotIDs, attr(s, "messaging.message.id"))
+		require.Len(t, s.Links(), 1, "the create span records the send it went out in")
+		assert.Equal(t, send.SpanContext().SpanID(), s.Links()[0].SpanContext.SpanID())
+		linked := false
+		for _, l := range send.Links() {
+			linked = linked || l.SpanContext.SpanID() == s.SpanContext().SpanID()
+		}
+		assert.True(t, linked, "the send span links each create span")
+	}
+	assert.ElementsMatch(t, ids, gotIDs)
+	for _, m := range sent {
+		want := "00-" + parent.SpanContext().TraceID().String() + "-"
+		assert.True(t, strings.HasPrefix(m.Trace.Parent, want), "the message carries its create span: %q", m.Trace.Parent)
+	}
+}
+
+// A delivery that fails ends its create span with an error status; a
+// bisection's requests are send spans too.
+func TestTracingFailuresAndBisections(t *testing.T) {
+	inst, rec, _ := tracedInstance(t, "traced-fail")
+	c := fakecodec.New("q", codec.Limits{MaxEntries: 4, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{Linger: time.Hour}
+	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+		for _, m := range batch {
+			if string(m.Body) == "poison" {
+				return nil, fmt.Errorf("bad: %w", codec.ErrRefused)
+			}
+		}
+		res := make([]codec.Result, len(batch))
+		for i := range res {
+			res[i].ID = fmt.Sprint("id-", i)
+		}
+		return res, nil
+	}
+	var chans []<-chan result
+	for _, body := range []string{"a", "b", "poison", "d"} {
+		chans = append(chans, deliverAsync(inst, c, msg("t", "", body), 10*time.Second))
+	}
+	failed := 0
+	for _, ch := range chans {
+		if await(t, ch).err != nil {
+			failed++
+		}
+	}
+	assert.Equal(t, 1, failed)
+	sends := spansNamed(rec, "send ")
+	assert.Equal(t, int(c.Requests()), len(sends), "one send span per request")
+	assert.Greater(t, len(sends), 1)
+	errored := 0
+	for _, s := range spansNamed(rec, "create ") {
+		if s.Status().Code == codes.Error {
+			errored++
+			assert.Contains(t, s.Status().Description, "refused")
+		}
+	}
+	assert.Equal(t, 1, errored)
+}
+
+// Without a TracerProvider there are no spans and the message carries no
+// trace context.
+func TestNoTracingWithoutAProvider(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "untraced"})
+	c := fakecodec.New("q", lim10)
+	c.Tune = codec.Tuning{Linger: time.Millisecond}
+	_, err := inst.Deliver(context.Background(), c, msg("a", "", "x"))
+	require.NoError(t, err)
+	require.Len(t, c.Sent(), 1)
+	assert.Equal(t, codec.TraceContext{}, c.Sent()[0].Trace)
+}
+
+// An actor caller's span travels in Deliver.SpanContext.
+func TestTracingTheActorForm(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	system, inst := start(t, actors.Config{Name: "traced-actor", TracerProvider: tp})
+	c := fakecodec.New("q", lim10)
+	c.Tune = codec.Tuning{Linger: time.Millisecond}
+	_, parent := tp.Tracer("test").Start(context.Background(), "actor")
+	res, err := quietFuture(t, system, inst, &messages.Deliver{Codec: c, Message: msg("a", "", "x"), SpanContext: parent.SpanContext()})
+	require.NoError(t, err)
+	require.NoError(t, res.Err)
+	creates := spansNamed(rec, "create ")
+	require.Len(t, creates, 1)
+	assert.Equal(t, parent.SpanContext().SpanID(), creates[0].Parent().SpanID())
+}
+
+// The carried context reaches the consumer: Pub/Sub in the attributes
+// Google's subscriber reads, SQS in the W3C attributes when asked for them
+// (the emulators do not keep the AWSTraceHeader system attribute).
+func TestTracingPropagatesToTheConsumer(t *testing.T) {
+	inst, rec, _ := tracedInstance(t, "traced-wire")
+	ctx := context.Background()
+
+	srv := pstest.NewServer()
+	defer srv.Close()
+	const topic = "projects/p/topics/traced"
+	_, err := srv.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: topic})
+	require.NoError(t, err)
+	ps, err := pubsub.New(ctx, pubsub.Config{Topic: topic, Endpoint: srv.Addr, Insecure: true, Tuning: codec.Tuning{Linger: time.Millisecond}})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, ps.Close()) }()
+	_, err = inst.Deliver(ctx, ps, msg("a", "", "to pubsub"))
+	require.NoError(t, err)
+
+	ks := kumo.NewServer()
+	defer ks.Close()
+	awsCfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""), BaseEndpoint: aws.String(ks.URL)}
+	client := awssqs.NewFromConfig(awsCfg)
+	created, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String("traced")})
+	require.NoError(t, err)
+	q, err := sqs.New(sqs.Config{QueueURL: aws.ToString(created.QueueUrl), AWS: awsCfg, TracePropagation: sqs.TraceW3CAttributes,
+		AttributeChecksumsOptional: true, Tuning: codec.Tuning{Linger: time.Millisecond}})
+	require.NoError(t, err)
+	_, err = inst.Deliver(ctx, q, msg("a", "", "to sqs"))
+	require.NoError(t, err)
+
+	want := map[string]string{} // destination → traceparent of its create span
+	for _, s := range spansNamed(rec, "create ") {
+		sc := s.SpanContext()
+		want[attr(s, "messaging.system")] = "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"
+	}
+	require.Len(t, want, 2)
+	msgs := srv.Messages()
+	require.Len(t, msgs, 1)
+	assert.Equal(t, want["gcp_pubsub"], msgs[0].Attributes[pubsub.TraceParentAttribute])
+
+	out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: created.QueueUrl, MessageAttributeNames: []string{"All"}, WaitTimeSeconds: 1})
+	require.NoError(t, err)
+	require.Len(t, out.Messages, 1)
+	assert.Equal(t, want["aws_sqs"], aws.ToString(out.Messages[0].MessageAttributes[sqs.TraceParentAttribute].StringValue))
+}
