@@ -292,6 +292,9 @@ func (b *Batcher) deliver(c caller) {
 	if a.resumed != "" {
 		b.logResumed("retry", a.resumed)
 	}
+	if a.pausedRefused != "" {
+		b.log.Info("sinkbatch: group paused after a refusal", slog.String("group", a.pausedRefused))
+	}
 	switch {
 	case a.ok, a.waiting:
 		b.current = caller{}

@@ -86,6 +86,8 @@ type admission struct {
 	// evicted is a waiter that gave its place to this entry (block.go),
 	// to be answered as a refusal.
 	evicted *entry
+	// pausedRefused is the group a refusal paused (StrictGroups).
+	pausedRefused string
 }
 
 // admit queues e at now. When e does not fit, it sweeps the queue for room
@@ -131,6 +133,17 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if resume && (a.ok || a.waiting) {
 		d.q.resume(e.msg.Group)
 		a.resumed = e.msg.Group
+	}
+	if d.q.s.strict {
+		// A refused delivery (or the waiter that gave its place) pauses
+		// its group for new deliveries (pause.go).
+		refused := e
+		if a.ok || a.waiting || a.stopped {
+			refused = a.evicted
+		}
+		if refused != nil && refused.msg.Group != "" && d.q.pauseNew(groupFailure{group: refused.msg.Group, key: refused.msg.IdempotencyKey}, now) {
+			a.pausedRefused = refused.msg.Group
+		}
 	}
 	return a
 }

@@ -347,3 +347,28 @@ func launchAt(d *dispatch, now int64) (*inflight, []*entry) {
 	defer d.mu.Unlock()
 	return d.launchLocked(now)
 }
+
+// A delivery of a group refused because the queue is full pauses the group
+// for new deliveries, keyed by the refused message, so that a later one
+// that finds room is not stored before its retry; the group's queued
+// entries stay.
+func TestStrictRefusalPausesNewDeliveries(t *testing.T) {
+	s := strictSettings()
+	s.queueMax = 1
+	d := handoffDispatch(s)
+	now := int64(0)
+	require.True(t, d.admit(keyed("a", "g", 1, "k1"), now, false).ok)
+	a := d.admit(keyed("a", "g", 2, "k2"), now, false)
+	require.False(t, a.ok)
+	assert.Equal(t, "g", a.pausedRefused)
+	a = d.admit(keyed("a", "g", 3, "k3"), now, false)
+	assert.Equal(t, &messages.GroupPausedError{Group: "g", Key: "k2"}, a.paused)
+	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
+	assert.False(t, a.ok, "the retry is refused too: the queue is still full")
+	assert.Equal(t, []string{"g"}, d.pausedGroups(now), "and the group stays paused")
+	f, _ := launchAt(d, now)
+	assert.Equal(t, []string{"a/g/1"}, refs(f.entries), "the queued entry goes")
+	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
+	assert.True(t, a.ok)
+	assert.Equal(t, "g", a.resumed)
+}

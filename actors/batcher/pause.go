@@ -13,7 +13,10 @@ import (
 // new delivery of G, until one of three things resumes it: a delivery whose
 // IdempotencyKey is the failed entry's (the caller's retry, which is then
 // admitted first), ResumeGroup, or GroupPauseMax passing. A permanent
-// failure does not pause: that message will never come back.
+// failure does not pause: that message will never come back. A delivery of
+// G refused because the queue is full pauses G too, for new deliveries
+// only: G's queued entries came before it. An entry that expires in the
+// queue pauses nothing: its caller gave up, and may not come back.
 //
 // The pause is set by the request goroutine that saw the failure, in
 // dispatch.finish, under the lock and before the group's gate opens, so no
@@ -78,6 +81,27 @@ func (q *queue) pauseGroup(f groupFailure, now int64) (held []heldEntry, paused 
 	if retry >= 0 {
 		return held, false
 	}
+	// A pause already set (by a refusal) names a message admitted after
+	// this one: this one's retry must come first.
+	q.setPause(f, now)
+	return held, true
+}
+
+// pauseNew pauses f.group after its delivery keyed f.key was refused (the
+// queue was full) at now, unless the group is paused already. The group's
+// queued entries stay: they were admitted before the refused one and go
+// first. Without the pause, a later delivery of the group that finds room
+// would be stored before the refused one's retry.
+func (q *queue) pauseNew(f groupFailure, now int64) bool {
+	if _, ok := q.paused.m[f.group]; ok {
+		return false
+	}
+	q.setPause(f, now)
+	return true
+}
+
+// setPause records f.group's pause from now.
+func (q *queue) setPause(f groupFailure, now int64) {
 	if q.paused.m == nil {
 		q.paused.m = make(map[string]pause)
 	}
@@ -87,7 +111,6 @@ func (q *queue) pauseGroup(f groupFailure, now int64) (held []heldEntry, paused 
 	}
 	q.paused.m[f.group] = pause{key: f.key, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
-	return held, true
 }
 
 // checkPaused says whether e's group is paused at now: err is the answer
