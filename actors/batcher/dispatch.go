@@ -368,6 +368,44 @@ func (d *dispatch) markDown() {
 	d.down = true
 }
 
+// pauseHeld pauses, at now, every group with an entry this incarnation
+// still holds, keyed by its first (in a request, else queued, else
+// waiting), for a crashed incarnation whose entries are all about to be
+// answered ErrBatcherDown: their callers retry them, and the group's next
+// deliveries must not go out before those retries (StrictGroups). A group
+// paused already keeps its pause.
+func (d *dispatch) pauseHeld(now int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := map[string]bool{}
+	hold := func(e *entry) {
+		g := e.msg.Group
+		if g == "" || seen[g] {
+			return
+		}
+		seen[g] = true
+		d.q.pauseNew(groupFailure{group: g, key: e.msg.IdempotencyKey}, now)
+	}
+	for f := range d.running {
+		for i, e := range f.entries {
+			if !f.claims[i].Load() {
+				hold(e)
+			}
+		}
+	}
+	for _, l := range d.q.groups {
+		if l.live > 0 {
+			l.skipDead()
+			hold(l.entries[l.head])
+		}
+	}
+	for g := range d.q.waits.groups {
+		if es := d.q.waits.group(g); len(es) > 0 {
+			hold(es[0])
+		}
+	}
+}
+
 // pauses returns a copy of the paused groups, for the next incarnation.
 func (d *dispatch) pauses() pauses {
 	d.mu.Lock()

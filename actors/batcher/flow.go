@@ -121,11 +121,15 @@ func (b *Batcher) startFlow() {
 	b.p.current.Store(b.d)
 }
 
-// endFlow runs as the incarnation ends, once it is down: its paused groups
-// pass to the next incarnation (a restart must not let a paused group's
-// followers overtake the failed entry's retry), and a batcher that stops
-// takes its limit off the gauge.
+// endFlow runs as the incarnation ends, once it is down and before it
+// answers what it holds: on a restart, every group it holds an entry of
+// pauses (those entries are answered ErrBatcherDown and retried), and the
+// paused groups pass to the next incarnation, so that no follower overtakes
+// a retry; a batcher that stops takes its limit off the gauge.
 func (b *Batcher) endFlow(err error) {
+	if err == messages.ErrBatcherDown && b.p.Tuning.StrictGroups {
+		b.d.pauseHeld(b.now)
+	}
 	b.p.carried = b.d.pauses()
 	if err == messages.ErrStopped && b.p.Tuning.Adaptive {
 		b.recordLimit(0)

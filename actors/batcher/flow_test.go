@@ -372,3 +372,23 @@ func TestStrictRefusalPausesNewDeliveries(t *testing.T) {
 	assert.True(t, a.ok)
 	assert.Equal(t, "g", a.resumed)
 }
+
+// A crash pauses every group the incarnation held an entry of, keyed by
+// its first (in a request before queued), and the pauses carry over.
+func TestStrictCrashPausesHeldGroups(t *testing.T) {
+	d := handoffDispatch(strictSettings())
+	now := int64(0)
+	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("a", "h", 1, "h1")} {
+		require.True(t, d.admit(e, now, false).ok)
+	}
+	f, _ := launchAt(d, now)
+	require.Equal(t, []string{"a/g/1"}, refs(f.entries))
+	d.markDown()
+	d.pauseHeld(now)
+	c := d.pauses()
+	assert.Equal(t, "k1", c.m["g"].key)
+	assert.Equal(t, "h1", c.m["h"].key)
+	next := handoffDispatch(strictSettings())
+	next.seedPauses(c)
+	assert.Equal(t, []string{"g", "h"}, next.pausedGroups(now))
+}
