@@ -36,6 +36,9 @@ const (
 	destOrders   = "sqs-orders.fifo"
 	destEvents   = "sqs-events"
 	destBurst    = "sqs-burst"
+	destStrict   = "sqs-strict.fifo"
+	destBlock    = "sqs-block"
+	destAdaptive = "sqs-adaptive"
 	destPSOrders = "pubsub-orders"
 	destAudit    = "pubsub-audit"
 )
@@ -65,6 +68,9 @@ type destination struct {
 
 	refused     atomic.Int64 // RetryAfterError answers the callers got
 	batcherDown atomic.Int64 // ErrBatcherDown answers the callers got
+	paused      atomic.Int64 // GroupPausedError answers the callers got
+	// failing, if set, counts the requests its codec failed on purpose.
+	failing *failEvery
 
 	mu      sync.Mutex
 	records []*record
@@ -86,6 +92,24 @@ func (n *named) Validate(m codec.Message) error {
 		return v.Validate(m)
 	}
 	return nil
+}
+
+// failEvery fails every nth request it sends as a whole with a retryable
+// error, as a destination's passing fault would: with StrictGroups each
+// such failure pauses the groups of the request until their callers retry.
+type failEvery struct {
+	*named
+	n      int64
+	sent   atomic.Int64
+	Failed atomic.Int64
+}
+
+func (f *failEvery) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+	if f.sent.Add(1)%f.n == 0 {
+		f.Failed.Add(1)
+		return nil, &codec.EntryError{Code: "InternalError", Message: "demo: a passing fault"}
+	}
+	return f.named.SendBatch(ctx, batch)
 }
 
 // crashOnce panics in Size the first time it sees the message with key: a
@@ -143,10 +167,11 @@ func setUp(ctx context.Context, o options, idleTimeout time.Duration) (*servers,
 		s.close()
 		return nil, nil, err
 	}
-	return s, []*destination{sqsDests[0], sqsDests[1], psDests[0], psDests[1], sqsDests[2]}, nil
+	return s, append([]*destination{sqsDests[0], sqsDests[1], psDests[0], psDests[1]}, sqsDests[2:]...), nil
 }
 
-// setUpSQS returns the orders, events and burst destinations.
+// setUpSQS returns the orders, events, burst, strict, block and adaptive
+// destinations.
 func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error) {
 	// One transport for the codecs, one for the demo's own calls; both
 	// keep enough idle connections for 8 requests in flight per queue.
@@ -192,6 +217,11 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 		{destBurst, "burst", "standard queue, QueueMax 64, TenantMax 40; burst", codec.Tuning{
 			QueueMax: 64, TenantMax: 40, MaxInflight: 1, RetryAfterMax: 250 * time.Millisecond,
 		}},
+		{destStrict, "strict.fifo", "FIFO queue, StrictGroups; 1 request in 25 fails", codec.Tuning{StrictGroups: true}},
+		{destBlock, "block", "standard queue, WhenFull Block, QueueMax 64; burst", codec.Tuning{
+			WhenFull: codec.Block, QueueMax: 64, MaxInflight: 1,
+		}},
+		{destAdaptive, "adaptive", "standard queue, Adaptive, MaxInflight 16", codec.Tuning{Adaptive: true, MaxInflight: 16}},
 	}
 	var dests []*destination
 	for _, sp := range specs {
@@ -216,10 +246,14 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 			grouped: fifo,
 			ordered: fifo,
 		}
-		if sp.name == destEvents {
+		switch sp.name {
+		case destEvents:
 			c := &crashOnce{named: d.codec.(*named), key: crashKey}
 			c.armed.Store(true)
 			d.codec = c
+		case destStrict:
+			d.failing = &failEvery{named: d.codec.(*named), n: 25}
+			d.codec = d.failing
 		}
 		if o.sqsQueueURL == "" {
 			d.readBack = func(ctx context.Context) ([]stored, error) { return drainQueue(ctx, admin, url) }

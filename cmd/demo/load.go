@@ -60,6 +60,7 @@ type load struct {
 	dests map[string]*destination
 
 	delivered   atomic.Int64
+	waitingPeak atomic.Int64 // the most deliveries seen waiting for room
 	refused     atomic.Int64
 	batcherDown atomic.Int64
 	retries     atomic.Int64
@@ -164,6 +165,10 @@ func (l *load) deliver(d *destination, m codec.Message) *record {
 			l.refused.Add(1)
 			d.refused.Add(1)
 			wait = ra.After
+		case errors.As(err, new(*messages.GroupPausedError)):
+			// An earlier message of its group failed: its caller's retry
+			// resumes the group (StrictGroups).
+			d.paused.Add(1)
 		case errors.Is(err, messages.ErrBatcherDown):
 			// It may or may not have been sent: the same key makes the
 			// retry safe (a FIFO queue deduplicates on it).
@@ -197,6 +202,19 @@ func (l *load) burst(d *destination, n int) {
 		m := message(d, tenant, fmt.Sprint(i), 0)
 		l.wg.Go(func() { l.deliver(d, m) })
 	}
+}
+
+// watchWaiting keeps the most deliveries seen waiting for room
+// (Stats().Waiting) while the burst lasts, for the report.
+func (l *load) watchWaiting(ctx context.Context) {
+	l.wg.Go(func() {
+		for range 500 {
+			l.waitingPeak.Store(max(l.waitingPeak.Load(), int64(l.inst.Stats().Waiting)))
+			if !sleep(ctx, 2*time.Millisecond) {
+				return
+			}
+		}
+	})
 }
 
 // sleep waits for d or until ctx ends, and reports whether d passed.
@@ -324,6 +342,13 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 	l.stream(ctx, audit, "b", rate(60), 4, 0, paused)
 	// A trickle keeps the burst destination's batcher running.
 	l.stream(ctx, l.dests[destBurst], "a", rate(20), 2, 0, nil)
+	for _, t := range tenants[:2] {
+		l.stream(ctx, l.dests[destStrict], t.name, rate(t.rate), t.workers, t.groups, nil)
+	}
+	for _, t := range tenants {
+		l.stream(ctx, l.dests[destAdaptive], t.name, rate(t.rate), t.workers, t.groups, nil)
+	}
+	l.stream(ctx, l.dests[destBlock], "a", rate(20), 2, 0, nil)
 
 	if poison {
 		// The poison goes with companions sent at the same instant, so
@@ -340,6 +365,10 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 		})
 	}
 	l.at(ctx, p.burst, func() { l.burst(l.dests[destBurst], p.burstSize) })
+	l.at(ctx, p.burst, func() {
+		l.burst(l.dests[destBlock], p.burstSize)
+		l.watchWaiting(ctx)
+	})
 	l.at(ctx, p.crash, func() {
 		// Companions first, so that the batcher holds more than the
 		// marked message when its codec panics: none of them may be

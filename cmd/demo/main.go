@@ -25,6 +25,14 @@
 //	                 batcher has stopped idle, and resumes
 //	sqs-burst        a standard queue with QueueMax 64 and TenantMax 40 that
 //	                 a burst of callers hits at 30%: refusals
+//	sqs-strict.fifo  a FIFO queue with StrictGroups whose codec fails one
+//	                 request in 25: the failed messages' groups pause (their
+//	                 deliveries are answered GroupPausedError) until the
+//	                 callers retry them, and every group stays in order
+//	sqs-block        a standard queue with WhenFull Block and QueueMax 64
+//	                 that the same burst hits: callers wait, none is refused
+//	sqs-adaptive     a standard queue with Adaptive and MaxInflight 16: the
+//	                 in-flight limit it settles on is in the summary
 //
 // Every message is sent as a dispatch attempt would send it: with an
 // idempotency key; after a *messages.RetryAfterError (once After has passed),

@@ -56,7 +56,10 @@ func TestRun(t *testing.T) {
 	assert.Contains(t, out, "poison: refused for good after 1 attempt(s), not stored")
 	assert.Contains(t, out, "panicked in Size for the marked message: refused for good after 1 attempt(s) (codec.ErrCodecPanic); 0 other answers were ErrBatcherDown")
 	assert.Regexp(t, `burst: \d+ callers at once on sqs-burst: [1-9]\d* refusals`, out)
-	assert.Regexp(t, `idle: pubsub-audit paused \S+; its batcher stopped after \S+ without traffic and started again when it resumed \(batchers 5 -> 4 -> 5\)`, out)
+	assert.Regexp(t, `idle: pubsub-audit paused \S+; its batcher stopped after \S+ without traffic and started again when it resumed \(batchers 8 -> 7 -> 8\)`, out)
+	assert.Regexp(t, `block: \d+ callers at once on sqs-block \(WhenFull Block\): 0 refusals; up to [1-9]\d* deliveries waited for room`, out)
+	assert.Regexp(t, `strict groups: sqs-strict.fifo failed [1-9]\d* requests on purpose; \d+ deliveries answered GroupPausedError until their group's failed message was retried; 0 stored out of order`, out)
+	assert.Regexp(t, `adaptive: sqs-adaptive's in-flight limit was ([1-9]|1[0-6]) of MaxInflight 16 when the load ended`, out)
 	assert.Contains(t, out, "stop: every delivery answered")
 	// A progress line a second.
 	assert.Regexp(t, `(?m)^\s+2s\s+\d+/s  queued=\d+ inflight=`, stderr.String())

@@ -91,6 +91,31 @@ type sinkStats struct {
 	refused    int64 // refused, every reason
 }
 
+// limits reads the adaptive in-flight limit gauge, by sink.
+func (m *metrics) limits(ctx context.Context) (map[string]int64, error) {
+	var rm metricdata.ResourceMetrics
+	if err := m.reader.Collect(ctx, &rm); err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != telemetry.MetricInflightLimit {
+				continue
+			}
+			g, ok := mt.Data.(metricdata.Gauge[int64])
+			if !ok {
+				return nil, errors.New("metrics: inflight.limit is not an int64 gauge")
+			}
+			for _, dp := range g.DataPoints {
+				sink, _ := dp.Attributes.Value(telemetry.AttrSink)
+				out[sink.AsString()] = dp.Value
+			}
+		}
+	}
+	return out, nil
+}
+
 // collect reads the instance's instruments from the ManualReader.
 func (m *metrics) collect(ctx context.Context) (map[string]*sinkStats, error) {
 	var rm metricdata.ResourceMetrics

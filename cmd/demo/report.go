@@ -21,6 +21,9 @@ type report struct {
 	elapsed  time.Duration
 	stopErr  error
 	stopTook time.Duration
+	// limits are the adaptive destinations' in-flight limits when the
+	// load ended, by sink.
+	limits map[string]int64
 }
 
 // check is the read back of one destination.
@@ -172,7 +175,8 @@ func (r *report) printEvents(w io.Writer, checks []check) {
 	poison, crash := l.special[poisonKey], l.special[crashKey]
 	l.mu.Unlock()
 
-	var audit, events, burst *destination
+	var audit, events, burst, strict, block, adaptive *destination
+	var strictCheck check
 	var auditCheck check
 	for i, d := range r.dests {
 		switch d.name {
@@ -182,6 +186,12 @@ func (r *report) printEvents(w io.Writer, checks []check) {
 			events = d
 		case destBurst:
 			burst = d
+		case destStrict:
+			strict, strictCheck = d, checks[i]
+		case destBlock:
+			block = d
+		case destAdaptive:
+			adaptive = d
 		}
 	}
 	switch {
@@ -206,6 +216,19 @@ func (r *report) printEvents(w io.Writer, checks []check) {
 	}
 	fmt.Fprintf(w, "burst: %d callers at once on %s: %d refusals (RetryAfterError), each retried after its retry-after\n",
 		r.plan.burstSize, burst.name, burst.refused.Load())
+	fmt.Fprintf(w, "block: %d callers at once on %s (WhenFull Block): %d refusals; up to %d deliveries waited for room\n",
+		r.plan.burstSize, block.name, block.refused.Load(), l.waitingPeak.Load())
+	order := "not read back"
+	if strictCheck.read {
+		order = fmt.Sprintf("%d stored out of order", strictCheck.violations)
+	}
+	fmt.Fprintf(w, "strict groups: %s failed %d requests on purpose; %d deliveries answered GroupPausedError until their group's failed message was retried; %s\n",
+		strict.name, strict.failing.Failed.Load(), strict.paused.Load(), order)
+	if lim, ok := r.limits[adaptive.name]; ok {
+		fmt.Fprintf(w, "adaptive: %s's in-flight limit was %d of MaxInflight 16 when the load ended\n", adaptive.name, lim)
+	} else {
+		fmt.Fprintf(w, "adaptive: %s's in-flight limit was not reported\n", adaptive.name)
+	}
 
 	// The batcher count before, during and after the audit destination's
 	// pause.

@@ -98,6 +98,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	l.start(loadCtx, p, o.load, srvs.pstest != nil)
 	<-loadCtx.Done()
 	cancelLoad()
+	// Read while the adaptive batchers still run: a batcher that stops
+	// takes its limit off the gauge.
+	limits, err := met.limits(context.Background())
+	if err != nil {
+		return fail(err)
+	}
 	giveUp := time.AfterFunc(grace, cancelHard)
 	l.wg.Wait()
 	giveUp.Stop()
@@ -119,7 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	rep := report{
 		dests: dests, stats: stats, load: l, plan: p, samples: samples, elapsed: elapsed,
-		stopErr: stopErr, stopTook: stopTook,
+		stopErr: stopErr, stopTook: stopTook, limits: limits,
 	}
 	ok := rep.print(readCtx, stdout)
 	if !ok {
