@@ -37,9 +37,54 @@
 // are cancelled. The supervisor never panics: user code it calls runs under
 // a recover.
 //
+// # Flow (opt-in per destination, in codec.Tuning)
+//
+// StrictGroups: a retryable failure of a message of group G (its request
+// failed, or its entry did; not a permanent failure, which will never come
+// back) pauses G before G's next request can leave. G's queued and waiting
+// messages, and every new delivery to G, are answered
+// *messages.GroupPausedError at once and never sent. G resumes when the
+// failed message's retry arrives (a delivery with its IdempotencyKey, which
+// then goes first), on Instance.ResumeGroup, or after GroupPauseMax (30s);
+// Instance.PausedGroups lists the paused groups. A delivery of G refused
+// because the queue is full pauses G the same way for new deliveries, and
+// so does a restart for every group the crashed batcher held. So a caller
+// that retries each failed or paused message, in its own order, with the
+// same key, sees each group stored in the order it first delivered it.
+// One limit remains, and it is the destination's: in one SQS
+// SendMessageBatch holding several entries of G, SQS enqueues the entries
+// in order but answers each alone, and documents nothing about the entries
+// after a failed one. If entry i of G fails retryably and a later entry j
+// of G in the same request is stored, j is stored before i's retry: the
+// batcher cannot recall it (it answers i with the error and j with its
+// id). Everything of G that would leave after that request is held. Pub/Sub
+// has no such case: a Publish holds one ordering key and succeeds or fails
+// as a whole. Where even that case matters, set Tuning.MaxEntries to 1.
+//
+// WhenFull Block: a delivery that does not fit the queue waits for room
+// until its deadline (then it is answered with an error wrapping
+// context.DeadlineExceeded, never queued). Waiters are admitted fairly:
+// round-robin across tenants, in arrival order within a tenant, and a
+// group's waiters never overtake each other. At most QueueMax deliveries
+// wait; past that a tenant with fewer waiters takes the place of the newest
+// waiter of the tenant with the most (that waiter is refused), or the
+// delivery is refused as with Refuse. Stats.Waiting counts the waiters;
+// Stop answers them messages.ErrStopped.
+//
+// Adaptive: the destination's in-flight limit starts at 1 and moves
+// between 1 and MaxInflight by AIMD on request time, after Vector's
+// adaptive request concurrency: +1 per window (two request times) while
+// request time stays near its no-load baseline and requests use the whole
+// limit, ×0.9 when request time reaches 1.3 × the baseline or the
+// destination throttles (codec.IsThrottled) or a request runs out of time.
+// Group gates and tenant fairness are unchanged. The gauge
+// ankusa.sink_batch.inflight.limit shows each adaptive destination's limit;
+// changes are logged at DEBUG.
+//
 // # Lifecycle
 //
-// A batcher with nothing queued or in flight for Tuning.IdleTimeout stops;
+// A batcher with nothing queued, waiting or in flight and no group paused for
+// Tuning.IdleTimeout stops;
 // deliveries that race its stop are held and handed, in order, to its
 // replacement. Stop drains: see Instance.Stop. protoactor's
 // ActorSystem.Shutdown does not stop actors, so call Stop first.

@@ -1,5 +1,12 @@
 // Package batcher is the actor that owns one destination's queue.
 //
+// The flow rules beside the queue are as plain: pause.go (StrictGroups: the
+// paused groups, set by a request goroutine in dispatch.finishWith before
+// the failed request's groups reopen), block.go (WhenFull Block: the
+// waiting list and its fair admission), adaptive.go (Adaptive: the AIMD
+// limiter that sets the queue's MaxInflight); flow.go joins them to the
+// actor.
+//
 // The batching rules (admission bounds, tenant round-robin, group gating,
 // the flush decision, the sweep of abandoned entries) live in queue, a plain
 // type that reads no clock, starts no goroutine and sends no message: time
