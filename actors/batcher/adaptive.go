@@ -6,9 +6,9 @@ package batcher
 // with one change that keeps the limit below the destination's knee.
 //
 // The limit starts at 1. The request times of successful requests are
-// averaged over a window about one request time long (Vector's: the
-// exponentially weighted mean of past windows). At the end of each window
-// the window's mean is compared with the baseline:
+// averaged over a window limiterWindow request times long (a request time
+// being, as Vector's, the exponentially weighted mean of past windows). At
+// the end of each window the window's mean is compared with the baseline:
 //   - the limit grows by 1 if the window's requests reached the limit (there
 //     was demand for more), none met back pressure, and the window's mean is
 //     within limiterGood of the baseline;
@@ -32,7 +32,7 @@ type limiter struct {
 	limit int // the current limit, 1 ≤ limit ≤ max
 	max   int // Tuning.MaxInflight
 
-	past       ewmaVar // past windows' mean request times, in seconds: the window length
+	past       ewma    // past windows' mean request times, in seconds: the window length
 	noLoad     float64 // the baseline, in seconds; 0 until the first window
 	noLoadAt   int     // the limit the baseline was seen at
 	windowSum  float64 // this window's successful request times, in seconds
@@ -121,20 +121,16 @@ func (l *limiter) decrease() bool {
 	return true
 }
 
-// ewmaVar is an exponentially weighted mean and variance (the incremental
-// form of Vector's EwmaVar).
-type ewmaVar struct {
-	mean, variance float64
-	set            bool
+// ewma is an exponentially weighted mean.
+type ewma struct {
+	mean float64
+	set  bool
 }
 
-func (e *ewmaVar) update(x float64) {
+func (e *ewma) update(x float64) {
 	if !e.set {
-		e.mean, e.variance, e.set = x, 0, true
+		e.mean, e.set = x, true
 		return
 	}
-	d := x - e.mean
-	inc := limiterAlpha * d
-	e.mean += inc
-	e.variance = (1 - limiterAlpha) * (e.variance + d*inc)
+	e.mean += limiterAlpha * (x - e.mean)
 }

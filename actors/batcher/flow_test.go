@@ -392,3 +392,35 @@ func TestStrictCrashPausesHeldGroups(t *testing.T) {
 	next.seedPauses(c)
 	assert.Equal(t, []string{"g", "h"}, next.pausedGroups(now))
 }
+
+// A full waiting list does not give away a waiter that a later waiter of
+// its group stands behind: that one would overtake it.
+func TestBlockEvictionKeepsGroupOrder(t *testing.T) {
+	q := newQueue(blockSettings(3))
+	admitAll(t, q, mk("x", "", 0, 1), mk("x", "", 1, 1), mk("x", "", 2, 1))
+	g1, a2 := mk("a", "g", 1, 1), mk("a", "", 2, 1)
+	require.True(t, q.wait(g1))
+	require.True(t, q.wait(a2))
+	assert.Equal(t, a2, q.evictFor(mk("c", "", 1, 1)), "a's newest waiter, ungrouped, gives its place")
+	a3, g2 := mk("a", "", 3, 1), mk("b", "g", 2, 1)
+	require.True(t, q.wait(g2))
+	require.True(t, q.wait(a3))
+	assert.Equal(t, a3, q.evictFor(mk("c", "", 1, 1)))
+	// a: g/1; b: g/2. A second waiter of a, grouped g, is a's newest.
+	g3 := mk("a", "g", 3, 1)
+	require.True(t, q.wait(g3))
+	assert.Equal(t, g3, q.evictFor(mk("c", "", 1, 1)), "g/3 is g's last waiter: nobody stands behind it")
+	h := mk("a", "h", 4, 1)
+	require.True(t, q.wait(h))
+	q.waits.remove(g2)
+	g4 := mk("b", "g", 5, 1)
+	require.True(t, q.wait(g4))
+	// a: g/1, h/4 (newest); b: g/5. h's is last in its group: evictable.
+	assert.Equal(t, h, q.evictFor(mk("c", "", 1, 1)))
+	g6 := mk("a", "g", 6, 1)
+	require.True(t, q.wait(g6))
+	q.waits.remove(g4)
+	require.True(t, q.wait(mk("b", "g", 7, 1)))
+	// a: g/1, g/6 (newest); b: g/7, later in g than g/6.
+	assert.Nil(t, q.evictFor(mk("c", "", 1, 1)), "g/7 of b stands behind a's newest, g/6")
+}
