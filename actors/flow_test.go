@@ -261,3 +261,39 @@ func TestAdaptiveLimitGauge(t *testing.T) {
 	require.Eventually(t, func() bool { return inst.Stats().Batchers == 0 }, 5*time.Second, 5*time.Millisecond)
 	assert.Empty(t, limits(), "a stopped batcher's series is gone")
 }
+
+// A batcher with a paused group does not stop idle (it would forget the
+// pause): a destination started after it, with the same IdleTimeout, stops
+// first; once the group resumes it stops too. Stop does not wait for a
+// pause.
+func TestPausedGroupKeepsTheBatcherButNotStop(t *testing.T) {
+	_, inst := start(t, actors.Config{})
+	c := fakecodec.New("strict-idle", flowLimits)
+	c.Tune = codec.Tuning{StrictGroups: true, IdleTimeout: 20 * time.Millisecond, GroupPauseMax: time.Hour}
+	c.Hook = failOnce()
+	ctx := context.Background()
+	_, err := inst.Deliver(ctx, c, codec.Message{Group: "g", IdempotencyKey: "k1", Body: []byte("1")})
+	require.Error(t, err)
+	control := fakecodec.New("control", flowLimits)
+	control.Tune = codec.Tuning{IdleTimeout: 20 * time.Millisecond}
+	_, err = inst.Deliver(ctx, control, codec.Message{Body: []byte("c")})
+	require.NoError(t, err)
+	require.Equal(t, 2, inst.Stats().Batchers)
+	require.Eventually(t, func() bool { return inst.Stats().Batchers == 1 }, 5*time.Second, time.Millisecond, "the control stops idle")
+	paused, err := inst.PausedGroups(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"g"}, paused, "the paused destination's batcher still runs")
+	require.NoError(t, inst.ResumeGroup(ctx, c, "g"))
+	require.Eventually(t, func() bool { return inst.Stats().Batchers == 0 }, 5*time.Second, time.Millisecond)
+
+	_, err = inst.Deliver(ctx, c, codec.Message{Group: "h", IdempotencyKey: "h1", Body: []byte("h")})
+	require.NoError(t, err, "failOnce failed its one request already")
+	c2 := fakecodec.New("strict-stop", flowLimits)
+	c2.Tune = codec.Tuning{StrictGroups: true, GroupPauseMax: time.Hour}
+	c2.Hook = failOnce()
+	_, err = inst.Deliver(ctx, c2, codec.Message{Group: "g", IdempotencyKey: "k1", Body: []byte("1")})
+	require.Error(t, err)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, inst.Stop(stopCtx), "Stop drains without waiting for the pause")
+}

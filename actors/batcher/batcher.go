@@ -437,6 +437,8 @@ func (b *Batcher) advance(ctx actor.Context) {
 		b.idleSince, b.idleReported = 0, false
 	case b.p.drain != nil:
 		b.reportDrained(ctx)
+	case st.paused:
+		b.idleSince, b.idleReported = 0, false
 	case b.idleReported && b.p.received != b.idleReportedAt:
 		// Deliveries answered without being queued (too large, invalid,
 		// expired) raced the report, so the supervisor kept the batcher:

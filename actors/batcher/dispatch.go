@@ -449,9 +449,12 @@ type status struct {
 	queuedBytes int64
 	inflight    int
 	waiting     int
-	// held: something is queued, waiting or in flight, a group is paused,
-	// or a crashed incarnation's requests still run.
+	// held: something is queued, waiting or in flight, or a crashed
+	// incarnation's requests still run.
 	held bool
+	// paused: a group is paused. The batcher must not stop idle (that
+	// would forget the pause), but Stop's drain need not wait for it.
+	paused bool
 	// due: a sweep, an expiry or the end of a pause is due now.
 	sweepDue, expireDue, pausesDue bool
 	// wake is the next time the actor must look without a message: Linger
@@ -473,7 +476,8 @@ func (d *dispatch) statusLocked(now int64) status {
 		queuedBytes: q.queuedBytes,
 		inflight:    q.inflight,
 		waiting:     q.waits.n,
-		held:        q.queued > 0 || q.inflight > 0 || inherited || q.waits.n > 0 || len(q.paused.m) > 0,
+		held:        q.queued > 0 || q.inflight > 0 || inherited || q.waits.n > 0,
+		paused:      len(q.paused.m) > 0,
 		sweepDue:    (q.queued > 0 && now >= q.minDeadline) || (q.waits.n > 0 && now >= q.waits.minDeadline),
 		expireDue:   now >= d.inflightDeadline,
 		pausesDue:   now >= q.paused.minUntil,

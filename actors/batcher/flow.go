@@ -88,10 +88,12 @@ func (b *Batcher) recordLimit(limit int) {
 // through the mailbox, which protoactor empties without a word when the
 // batcher stops.
 func (p *Params) ResumeGroup(g string) bool {
-	d := p.current.Load()
-	if d == nil || !d.resumeGroup(g) {
+	in := p.current.Load()
+	if in == nil || !in.d.resumeGroup(g) {
 		return false
 	}
+	// The actor looks again: with no group paused it may now stop idle.
+	in.wake()
 	p.Logger.Info("sinkbatch: group resumed", slog.String("group", g), slog.String("by", "ResumeGroup"))
 	return true
 }
@@ -99,11 +101,18 @@ func (p *Params) ResumeGroup(g string) bool {
 // PausedGroups lists the paused groups of p's destination, sorted. Safe for
 // concurrent use.
 func (p *Params) PausedGroups() []string {
-	d := p.current.Load()
-	if d == nil {
+	in := p.current.Load()
+	if in == nil {
 		return nil
 	}
-	return d.pausedGroups(time.Now().UnixNano())
+	return in.d.pausedGroups(time.Now().UnixNano())
+}
+
+// incarnation is what other goroutines reach of a running batcher: its
+// rules, and a way to make the actor look at them again.
+type incarnation struct {
+	d    *dispatch
+	wake func()
 }
 
 // startFlow sets up a new incarnation's flow rules: the adaptive limit
@@ -118,7 +127,7 @@ func (b *Batcher) startFlow() {
 		b.d.seedPauses(b.p.carried)
 		b.p.carried = pauses{}
 	}
-	b.p.current.Store(b.d)
+	b.p.current.Store(&incarnation{d: b.d, wake: func() { tell(b.system, b.self, theDone) }})
 }
 
 // endFlow runs as the incarnation ends, once it is down and before it

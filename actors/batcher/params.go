@@ -56,9 +56,9 @@ type Params struct {
 	// carried are the paused groups a crashed incarnation leaves to the
 	// next; only the actor touches it.
 	carried pauses
-	// current is the running incarnation's dispatch, for ResumeGroup and
-	// PausedGroups from other goroutines.
-	current atomic.Pointer[dispatch]
+	// current is the running incarnation, for ResumeGroup and PausedGroups
+	// from other goroutines.
+	current atomic.Pointer[incarnation]
 }
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with

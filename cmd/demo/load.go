@@ -344,8 +344,6 @@ func (l *load) start(ctx context.Context, p plan, scale float64, poison bool) {
 	l.stream(ctx, l.dests[destBurst], "a", rate(20), 2, 0, nil)
 	for _, t := range tenants[:2] {
 		l.stream(ctx, l.dests[destStrict], t.name, rate(t.rate), t.workers, t.groups, nil)
-	}
-	for _, t := range tenants {
 		l.stream(ctx, l.dests[destAdaptive], t.name, rate(t.rate), t.workers, t.groups, nil)
 	}
 	l.stream(ctx, l.dests[destBlock], "a", rate(20), 2, 0, nil)
