@@ -37,6 +37,7 @@
 //	ankusa.sink_batch.queued             int64 gauge        {entry}     - (no sink)
 //	ankusa.sink_batch.queued_bytes       int64 gauge        By          - (no sink)
 //	ankusa.sink_batch.inflight           int64 gauge        {request}   - (no sink)
+//	ankusa.sink_batch.inflight.limit     int64 gauge        {request}   destination
 //
 // What they mean:
 //
@@ -73,6 +74,11 @@
 //     gauges func given to New. [Gauges] describes the whole instance, so
 //     these carry instance only, not sink. [OTel.Close] unregisters the
 //     callback; until then the func must stay safe to call.
+//   - inflight.limit: each destination with Tuning.Adaptive, its current
+//     in-flight limit, with instance, sink and destination (the codec kind
+//     and a keyed digest of its identity: no secret). A batcher reports it
+//     through [LimitRecorder], which the sink recorders implement; a
+//     batcher that stops removes its series.
 //
 // Recording costs no allocation of its own: [OTel.Sink] builds the attribute
 // sets for each trigger, reason and outcome once per sink kind and caches

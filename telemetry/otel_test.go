@@ -455,3 +455,27 @@ func TestNewReportsInstrumentErrors(t *testing.T) {
 	require.ErrorIs(t, err, errInstrument)
 	assert.Nil(t, o)
 }
+
+// InflightLimit reports one series per destination, with instance, sink and
+// destination; limit 0 removes it, and Close stops the gauge.
+func TestInflightLimit(t *testing.T) {
+	mp, reader := newProvider(t)
+	o, err := telemetry.New(mp, "orders", nil)
+	require.NoError(t, err)
+	lr, ok := o.Sink("sqs").(telemetry.LimitRecorder)
+	require.True(t, ok, "the sink recorder reports limits")
+	lr.InflightLimit("sqs-aaa", 3)
+	lr.InflightLimit("sqs-bbb", 7)
+	lr.InflightLimit("sqs-aaa", 4)
+	dest := func(d string) attribute.Distinct {
+		return attrs(telemetry.AttrInstance.String("orders"), telemetry.AttrSink.String("sqs"), telemetry.AttrDestination.String(d))
+	}
+	got := gauge(t, collect(t, reader)[telemetry.MetricInflightLimit])
+	assert.Equal(t, map[attribute.Distinct]int64{dest("sqs-aaa"): 4, dest("sqs-bbb"): 7}, got)
+	lr.InflightLimit("sqs-aaa", 0)
+	got = gauge(t, collect(t, reader)[telemetry.MetricInflightLimit])
+	assert.Equal(t, map[attribute.Distinct]int64{dest("sqs-bbb"): 7}, got)
+	require.NoError(t, o.Close())
+	_, present := collect(t, reader)[telemetry.MetricInflightLimit]
+	assert.False(t, present, "no limit after Close")
+}
