@@ -386,13 +386,15 @@ func (b *Batcher) size(m codec.Message) (n int, err error) {
 // the next thing that will be due without a message.
 func (b *Batcher) advance(ctx actor.Context) {
 	launched, dropped, st := b.d.step(b.now, b.launched[:0])
-	b.answerDropped(dropped, b.now)
+	// The goroutines first: they are counted already, and answering the
+	// dropped entries calls the callers' code, which may panic.
 	for i, f := range launched {
 		b.p.Requests.Add(1)
 		go b.run(f)
 		launched[i] = nil
 	}
 	b.launched = launched
+	b.answerDropped(dropped, b.now)
 	if st.sweepDue {
 		b.answerDropped(b.d.sweep(b.now), b.now)
 	}

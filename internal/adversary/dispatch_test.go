@@ -34,7 +34,6 @@ import (
 // together; the second's caller panics when asked; a delivery after the
 // restart must still be sent.
 func TestPanicInSecondLaunchWedgesTheBatcher(t *testing.T) {
-	skipUnfixed(t, "a panic in dispatch.step after a batch was launched leaves its goroutine counted; the restarted batcher never sends")
 	system, inst := testinst.Start(t, actors.Config{Name: "steppanic"})
 	c := fakecodec.New("steppanic", codec.Limits{MaxEntries: 10, MaxBytes: 1000, OneGroupPerRequest: true})
 	// Both groups are due at the same Linger tick: a group batch does not
