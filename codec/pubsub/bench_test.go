@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,8 +44,10 @@ const (
 // messages from 8 goroutines, with no callers at all. Each iteration
 // publishes one message through each. It reports msgs/s and CPU time
 // (user+sys of the whole process, the in-process server included) per
-// message for all three, and sinkbatch's ratios to google (rate-ratio,
-// cpu-ratio) and to the floor (floor-rate-ratio, floor-cpu-ratio).
+// message and heap allocations (runtime.MemStats.Mallocs, the whole process,
+// the server included) per message for all three, and sinkbatch's ratios to
+// google (rate-ratio, cpu-ratio) and to the floor (floor-rate-ratio,
+// floor-cpu-ratio).
 func BenchmarkPublish(b *testing.B) {
 	for _, ordered := range []bool{false, true} {
 		for _, callers := range []int{256, 2048} {
@@ -138,26 +142,24 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 		})
 	}
 	floor := newFloor(b, srv.Addr, body, keys)
-	var gWall, gCPU, sWall, sCPU, fWall, fCPU time.Duration
-	add := func(wall, cpu *time.Duration) func(time.Duration, time.Duration) {
-		return func(w, c time.Duration) { *wall += w; *cpu += c; srv.ClearMessages() }
-	}
+	g, s, f := &side{name: "google", run: google}, &side{name: "sinkbatch", run: sinkbatch}, &side{name: "floor", run: floor}
 	// Halves in the order google, sinkbatch, floor, floor, sinkbatch,
 	// google, so that none always runs first or last.
 	first, second := b.N/2, b.N-b.N/2
 	b.ReportAllocs()
 	b.ResetTimer()
-	add(&gWall, &gCPU)(google(first))
-	add(&sWall, &sCPU)(sinkbatch(first))
-	add(&fWall, &fCPU)(floor(first))
-	add(&fWall, &fCPU)(floor(second))
-	add(&sWall, &sCPU)(sinkbatch(second))
-	add(&gWall, &gCPU)(google(second))
+	for _, h := range []struct {
+		side *side
+		n    int
+	}{{g, first}, {s, first}, {f, first}, {f, second}, {s, second}, {g, second}} {
+		h.side.measure(h.n)
+		srv.ClearMessages()
+	}
 	b.StopTimer()
 
 	n := float64(b.N)
-	gRate, sRate, fRate := n/gWall.Seconds(), n/sWall.Seconds(), n/fWall.Seconds()
-	gCPUPer, sCPUPer, fCPUPer := float64(gCPU.Microseconds())/n, float64(sCPU.Microseconds())/n, float64(fCPU.Microseconds())/n
+	gRate, sRate, fRate := n/g.wall.Seconds(), n/s.wall.Seconds(), n/f.wall.Seconds()
+	gCPUPer, sCPUPer, fCPUPer := float64(g.cpu.Microseconds())/n, float64(s.cpu.Microseconds())/n, float64(f.cpu.Microseconds())/n
 	b.ReportMetric(sRate, "sinkbatch-msgs/s")
 	b.ReportMetric(gRate, "google-msgs/s")
 	b.ReportMetric(fRate, "floor-msgs/s")
@@ -168,6 +170,38 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	b.ReportMetric(fCPUPer, "floor-cpu-µs/msg")
 	b.ReportMetric(sCPUPer/gCPUPer, "cpu-ratio")
 	b.ReportMetric(sCPUPer/fCPUPer, "floor-cpu-ratio")
+	b.ReportMetric(float64(s.allocs)/n, "sinkbatch-allocs/msg")
+	b.ReportMetric(float64(g.allocs)/n, "google-allocs/msg")
+	b.ReportMetric(float64(f.allocs)/n, "floor-allocs/msg")
+}
+
+// side is one of BenchmarkPublish's three ways to publish and what it took.
+type side struct {
+	name   string
+	run    func(n int) (wall, cpu time.Duration)
+	wall   time.Duration
+	cpu    time.Duration
+	allocs uint64
+}
+
+// measure publishes n messages through s and adds what that took. The
+// goroutines s starts carry the label side=s.name, so that a CPU profile can
+// be cut by side (go tool pprof -tagfocus side=sinkbatch).
+func (s *side) measure(n int) {
+	a0 := mallocs()
+	pprof.Do(context.Background(), pprof.Labels("side", s.name), func(context.Context) {
+		w, c := s.run(n)
+		s.wall += w
+		s.cpu += c
+	})
+	s.allocs += mallocs() - a0
+}
+
+// mallocs is the number of heap objects the process has allocated so far.
+func mallocs() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.Mallocs
 }
 
 // newFloor returns the floor of BenchmarkPublish: a function that publishes
@@ -364,4 +398,48 @@ func benchCompression(b *testing.B, perRequest int) {
 	b.ReportMetric(float64(gCPU)/float64(pCPU), "cpu-ratio")
 	b.ReportMetric(n/pWall.Seconds(), "off-msgs/s")
 	b.ReportMetric(n/gWall.Seconds(), "gzip-msgs/s")
+}
+
+// BenchmarkSendBatch publishes one request of 10 and of 1000 100-byte
+// messages per iteration through the codec, and, as the baseline in the
+// same run, the same messages pre-built as a PublishRequest through the
+// same TopicAdminClient call with the codec's call options. The difference
+// is the codec's own cost: validation, sizing, mapping and results.
+func BenchmarkSendBatch(b *testing.B) {
+	for _, n := range []int{10, benchMaxCount} {
+		b.Run(fmt.Sprintf("messages=%d", n), func(b *testing.B) {
+			srv := newServer(b)
+			body := bytes.Repeat([]byte{'x'}, benchBody)
+			batch := make([]codec.Message, n)
+			msgs := make([]*pubsubpb.PubsubMessage, n)
+			for i := range batch {
+				batch[i] = codec.Message{Body: body}
+				msgs[i] = &pubsubpb.PubsubMessage{Data: body}
+			}
+			b.Run("client", func(b *testing.B) {
+				client, err := newAPIClient(srv.Addr)
+				require.NoError(b, err)
+				b.Cleanup(func() { require.NoError(b, client.Close()) })
+				callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+				req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := client.Publish(b.Context(), req, callOpts...); err != nil {
+						b.Fatal(err)
+					}
+					srv.ClearMessages()
+				}
+			})
+			b.Run("codec", func(b *testing.B) {
+				c := newCodec(b, srv.Addr, testTopic, codec.Tuning{})
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := c.SendBatch(b.Context(), batch); err != nil {
+						b.Fatal(err)
+					}
+					srv.ClearMessages()
+				}
+			})
+		})
+	}
 }
