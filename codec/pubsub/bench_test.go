@@ -7,6 +7,7 @@ import (
 	mrand "math/rand/v2"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,13 +42,16 @@ const (
 // its message's id before sending the next; and against the floor: the same
 // low-level TopicAdminClient.Publish the codec calls, with the codec's
 // client and call options, fed pre-built 1000-message requests of the same
-// messages from 8 goroutines, with no callers at all. Each iteration
-// publishes one message through each. It reports msgs/s and CPU time
-// (user+sys of the whole process, the in-process server included) per
-// message and heap allocations (runtime.MemStats.Mallocs, the whole process,
-// the server included) per message for all three, and sinkbatch's ratios to
-// google (rate-ratio, cpu-ratio) and to the floor (floor-rate-ratio,
-// floor-cpu-ratio).
+// messages from 8 goroutines, with no callers at all; and, unordered only,
+// against the handoff (see newHandoff): the same callers, each handing its
+// message to one collector goroutine and waiting for its id, the least any
+// publisher with waiting callers does. Each iteration publishes one message
+// through each. It reports msgs/s and CPU time (user+sys of the whole
+// process, the in-process server included) per message and heap allocations
+// (runtime.MemStats.Mallocs, the whole process, the server included) per
+// message for each, and sinkbatch's ratios to google (rate-ratio,
+// cpu-ratio), to the floor (floor-rate-ratio, floor-cpu-ratio) and to the
+// handoff (handoff-rate-ratio, handoff-cpu-ratio).
 func BenchmarkPublish(b *testing.B) {
 	for _, ordered := range []bool{false, true} {
 		for _, callers := range []int{256, 2048} {
@@ -143,16 +147,24 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	}
 	floor := newFloor(b, srv.Addr, body, keys)
 	g, s, f := &side{name: "google", run: google}, &side{name: "sinkbatch", run: sinkbatch}, &side{name: "floor", run: floor}
-	// Halves in the order google, sinkbatch, floor, floor, sinkbatch,
-	// google, so that none always runs first or last.
+	var h *side // the handoff baseline; unordered only
+	order := []*side{g, s, f}
+	if !ordered {
+		send := newHandoff(b, srv.Addr, body, callers)
+		h = &side{name: "handoff", run: func(n int) (time.Duration, time.Duration) { return drive(b, n, callers, send) }}
+		order = []*side{g, s, h, f}
+	}
+	// Halves in the order google, sinkbatch, (handoff,) floor, then back,
+	// so that none always runs first or last.
 	first, second := b.N/2, b.N-b.N/2
 	b.ReportAllocs()
 	b.ResetTimer()
-	for _, h := range []struct {
-		side *side
-		n    int
-	}{{g, first}, {s, first}, {f, first}, {f, second}, {s, second}, {g, second}} {
-		h.side.measure(h.n)
+	for _, x := range order {
+		x.measure(first)
+		srv.ClearMessages()
+	}
+	for _, x := range slices.Backward(order) {
+		x.measure(second)
 		srv.ClearMessages()
 	}
 	b.StopTimer()
@@ -173,6 +185,104 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	b.ReportMetric(float64(s.allocs)/n, "sinkbatch-allocs/msg")
 	b.ReportMetric(float64(g.allocs)/n, "google-allocs/msg")
 	b.ReportMetric(float64(f.allocs)/n, "floor-allocs/msg")
+	if h != nil {
+		hRate, hCPUPer := n/h.wall.Seconds(), float64(h.cpu.Microseconds())/n
+		b.ReportMetric(hRate, "handoff-msgs/s")
+		b.ReportMetric(hCPUPer, "handoff-cpu-µs/msg")
+		b.ReportMetric(float64(h.allocs)/n, "handoff-allocs/msg")
+		b.ReportMetric(sRate/hRate, "handoff-rate-ratio")
+		b.ReportMetric(sCPUPer/hCPUPer, "handoff-cpu-ratio")
+	}
+}
+
+// newHandoff returns BenchmarkPublish's handoff baseline: about the least a
+// publisher must do whose callers each wait for their own message's id.
+// Each caller hands its message to one collector goroutine over a channel;
+// the collector makes requests of benchMaxCount messages, or of what came
+// within benchDelay of a request's first message, publishes up to
+// floorSenders of them at once through the floor's client call, and hands
+// each caller its id over the caller's own channel. No tenants, bounds,
+// validation, deadlines, actors or ordering keys. The returned send is for
+// drive; the collector stops at clean-up.
+func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
+	client, err := newAPIClient(addr)
+	require.NoError(b, err)
+	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+	type answer struct {
+		id  string
+		err error
+	}
+	replies := make([]chan answer, callers) // one per caller, which waits for one answer at a time
+	for i := range replies {
+		replies[i] = make(chan answer, 1)
+	}
+	in := make(chan chan answer, callers)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	b.Cleanup(func() {
+		close(done)
+		<-stopped
+		require.NoError(b, client.Close())
+	})
+	go func() {
+		defer close(stopped)
+		var (
+			slots   = make(chan struct{}, floorSenders)
+			workers sync.WaitGroup
+			batch   []chan answer
+			timer   = time.NewTimer(time.Hour)
+			linger  <-chan time.Time
+		)
+		timer.Stop()
+		defer workers.Wait()
+		publish := func() {
+			calls := batch
+			batch, linger = nil, nil
+			timer.Stop()
+			slots <- struct{}{}
+			workers.Go(func() {
+				defer func() { <-slots }()
+				protos := make([]pubsubpb.PubsubMessage, len(calls))
+				msgs := make([]*pubsubpb.PubsubMessage, len(calls))
+				for j := range msgs {
+					protos[j].Data = body
+					msgs[j] = &protos[j]
+				}
+				resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, callOpts...)
+				if err == nil && len(resp.MessageIds) != len(calls) {
+					err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
+				}
+				for j, reply := range calls {
+					if err != nil {
+						reply <- answer{err: err}
+					} else {
+						reply <- answer{id: resp.MessageIds[j]}
+					}
+				}
+			})
+		}
+		for {
+			select {
+			case reply := <-in:
+				batch = append(batch, reply)
+				if len(batch) == 1 {
+					timer.Reset(benchDelay)
+					linger = timer.C
+				}
+				if len(batch) == benchMaxCount {
+					publish()
+				}
+			case <-linger:
+				publish()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func(caller, _ int) (string, error) {
+		in <- replies[caller]
+		a := <-replies[caller]
+		return a.id, a.err
+	}
 }
 
 // side is one of BenchmarkPublish's three ways to publish and what it took.
