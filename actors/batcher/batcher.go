@@ -192,7 +192,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.validator, _ = b.p.Codec.(codec.Validator)
 	b.deliveries, _ = b.p.Recorder.(telemetry.DeliveryRecorder)
 	if b.p.Tracer != nil {
-		b.tracing = newTracing(b.p.Tracer, b.p.Codec, b.p.Sink)
+		b.tracing = newTracing(b.p.Tracer, b.p.Codec, b.p.Sink, b.log)
 	}
 	b.tickMsg = &tick{}
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
@@ -238,24 +238,27 @@ func (b *Batcher) deliver(c caller) {
 		// lookup, so those are found by the sweeps.)
 		return
 	}
+	// c stays current until it is queued or answered: if a panic comes in
+	// between (the Recorder is user code), the restart answers it.
+	b.current = c
 	msg := &d.Message
 	if b.tracing != nil {
 		// The message carries the create span's context to its consumer;
 		// Validate and Size see it as it will be sent. The front door's
 		// Deliver (it names a Listener) is the batcher's to change; an
 		// actor's is not, so its message is copied.
-		c.span = b.tracing.startCreate(d.SpanContext)
-		if tc := traceContext(c.span.SpanContext()); tc != (codec.TraceContext{}) {
-			if listenerOf(d) == nil {
-				m := d.Message
-				msg = &m
+		var tc codec.TraceContext
+		if c.span, tc = b.tracing.startCreate(d.SpanContext); c.span != nil {
+			b.current = c
+			if tc != (codec.TraceContext{}) {
+				if listenerOf(d) == nil {
+					m := d.Message
+					msg = &m
+				}
+				msg.Trace = tc
 			}
-			msg.Trace = tc
 		}
 	}
-	// c stays current until it is queued or answered: if a panic comes in
-	// between (the Recorder is user code), the restart answers it.
-	b.current = c
 	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
 		deadline = unixNano(d.Deadline)
@@ -402,13 +405,15 @@ func (b *Batcher) size(m codec.Message) (n int, err error) {
 // the next thing that will be due without a message.
 func (b *Batcher) advance(ctx actor.Context) {
 	launched, dropped, st := b.d.step(b.now, b.launched[:0])
-	b.answerDropped(dropped, b.now)
+	// The goroutines first: they are counted already, and answering the
+	// dropped entries calls the callers' code, which may panic.
 	for i, f := range launched {
 		b.p.Requests.Add(1)
 		go b.run(f)
 		launched[i] = nil
 	}
 	b.launched = launched
+	b.answerDropped(dropped, b.now)
 	if st.sweepDue {
 		b.answerDropped(b.d.sweep(b.now), b.now)
 	}

@@ -172,9 +172,25 @@ func (d *dispatch) launchLocked(now int64) (*inflight, []*entry) {
 
 // step is what the actor does after each message, under one lock: launch
 // every batch due now (appended to launched), and read the status after.
+//
+// If a take panics (alive is the caller's code), the batches this call
+// took have no goroutine yet: their count is taken back, so that the next
+// incarnation does not wait for goroutines that never ran, and they stay
+// in running, so that the restart answers their callers. The panic goes on
+// to Receive.
 func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry, status) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	n := len(launched)
+	defer func() {
+		if r := recover(); r != nil {
+			took := len(launched) - n
+			d.own -= took
+			d.goroutines.Add(-int64(took))
+			d.down = true
+			panic(r)
+		}
+	}()
 	var dropped []*entry
 	for {
 		f, more := d.launchLocked(now)

@@ -58,7 +58,7 @@ func (b *Batcher) reply(c caller, r codec.Result) {
 		b.answered(r.Err)
 	}
 	if c.span != nil {
-		endCreate(c.span, r)
+		b.tracing.endCreate(c.span, r)
 	}
 	if c.sender == nil {
 		return
@@ -136,7 +136,7 @@ func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
 		} else if e.to.span != nil {
-			abandonCreate(e.to.span)
+			b.tracing.abandonCreate(e.to.span)
 		}
 	}
 }

@@ -216,7 +216,9 @@ func (b *Batcher) send(ctx context.Context, trigger telemetry.Trigger, p part) (
 	if b.tracing != nil {
 		var span trace.Span
 		ctx, span = b.tracing.startSend(ctx, trigger, p.entries)
-		defer func() { endSend(span, err) }()
+		if span != nil {
+			defer func() { b.tracing.endSend(span, err) }()
+		}
 	}
 	defer func() {
 		if r := recover(); r != nil {

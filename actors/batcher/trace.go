@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"encoding/hex"
+	"log/slog"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -34,9 +35,14 @@ const (
 // tracing is what a batcher traces with; nil when the instance does not
 // trace. Set in Started, never changed.
 //
+// The TracerProvider is user code (a sampler, a span processor, an exporter
+// run inside Start and End): a panic in it is logged and costs the span,
+// never a caller's answer, the batcher or the process.
+//
 // Attributes and links are set only on spans that record: a span its
 // sampler dropped costs its start, its context and nothing more.
 type tracing struct {
+	log        *slog.Logger
 	tracer     trace.Tracer
 	createName string
 	sendName   string
@@ -46,13 +52,14 @@ type tracing struct {
 	send       []attribute.KeyValue
 }
 
-func newTracing(tracer trace.Tracer, c codec.Codec, sink string) *tracing {
+func newTracing(tracer trace.Tracer, c codec.Codec, sink string, log *slog.Logger) *tracing {
 	system, destination := sink, sink
 	if d, ok := c.(codec.Describer); ok {
 		system, destination = d.Describe()
 	}
 	base := []attribute.KeyValue{attrSystem.String(system), attrDestination.String(destination)}
 	return &tracing{
+		log:        log,
 		tracer:     tracer,
 		createName: "create " + destination,
 		sendName:   "send " + destination,
@@ -63,22 +70,38 @@ func newTracing(tracer trace.Tracer, c codec.Codec, sink string) *tracing {
 	}
 }
 
+// recovered logs a panic of the TracerProvider's; what panicked is left
+// undone.
+func (t *tracing) recovered(what string) {
+	if r := recover(); r != nil {
+		t.log.Error("sinkbatch: the TracerProvider panicked", slog.String("in", what), slog.Any("panic", r))
+	}
+}
+
 // startCreate starts a delivery's create span as a child of parent (a new
-// trace when parent is not valid).
-func (t *tracing) startCreate(parent trace.SpanContext) trace.Span {
+// trace when parent is not valid), and returns it with the context its
+// message carries; nil and nothing if the provider panicked.
+func (t *tracing) startCreate(parent trace.SpanContext) (span trace.Span, tc codec.TraceContext) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.log.Error("sinkbatch: the TracerProvider panicked", slog.String("in", "create span start"), slog.Any("panic", r))
+			span, tc = nil, codec.TraceContext{}
+		}
+	}()
 	ctx := context.Background()
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
 	}
-	_, span := t.tracer.Start(ctx, t.createName, t.createKind...)
+	_, span = t.tracer.Start(ctx, t.createName, t.createKind...)
 	if span.IsRecording() {
 		span.SetAttributes(t.create...)
 	}
-	return span
+	return span, traceContext(span.SpanContext())
 }
 
 // endCreate ends a create span with the delivery's answer.
-func endCreate(span trace.Span, r codec.Result) {
+func (t *tracing) endCreate(span trace.Span, r codec.Result) {
+	defer t.recovered("create span end")
 	if r.Err != nil {
 		span.RecordError(r.Err)
 		span.SetStatus(codes.Error, r.Err.Error())
@@ -90,15 +113,24 @@ func endCreate(span trace.Span, r codec.Result) {
 
 // abandonCreate ends the create span of a delivery whose caller gave up
 // before it was sent: nobody is answered.
-func abandonCreate(span trace.Span) {
+func (t *tracing) abandonCreate(span trace.Span) {
+	defer t.recovered("create span end")
 	span.SetStatus(codes.Error, "the caller stopped waiting before the message was sent")
 	span.End()
 }
 
 // startSend starts the send span of one request carrying entries, and links
-// each entry's create span to it.
-func (t *tracing) startSend(ctx context.Context, trigger telemetry.Trigger, entries []*entry) (context.Context, trace.Span) {
-	ctx, span := t.tracer.Start(ctx, t.sendName, t.sendKind...)
+// each entry's create span to it. If the provider panics, ctx is returned
+// as it came, with no span.
+func (t *tracing) startSend(ctx context.Context, trigger telemetry.Trigger, entries []*entry) (_ context.Context, span trace.Span) {
+	in := ctx
+	defer func() {
+		if r := recover(); r != nil {
+			t.log.Error("sinkbatch: the TracerProvider panicked", slog.String("in", "send span start"), slog.Any("panic", r))
+			ctx, span = in, nil
+		}
+	}()
+	ctx, span = t.tracer.Start(ctx, t.sendName, t.sendKind...)
 	if span.IsRecording() {
 		span.SetAttributes(t.send...)
 		span.SetAttributes(attrBatchCount.Int(len(entries)), attrFlushTrigger.String(trigger.String()))
@@ -119,7 +151,8 @@ func (t *tracing) startSend(ctx context.Context, trigger telemetry.Trigger, entr
 }
 
 // endSend ends a send span with the request's outcome.
-func endSend(span trace.Span, err error) {
+func (t *tracing) endSend(span trace.Span, err error) {
+	defer t.recovered("send span end")
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

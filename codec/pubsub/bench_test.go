@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,11 +42,16 @@ const (
 // its message's id before sending the next; and against the floor: the same
 // low-level TopicAdminClient.Publish the codec calls, with the codec's
 // client and call options, fed pre-built 1000-message requests of the same
-// messages from 8 goroutines, with no callers at all. Each iteration
-// publishes one message through each. It reports msgs/s and CPU time
-// (user+sys of the whole process, the in-process server included) per
-// message for all three, and sinkbatch's ratios to google (rate-ratio,
-// cpu-ratio) and to the floor (floor-rate-ratio, floor-cpu-ratio).
+// messages from 8 goroutines, with no callers at all; and, unordered only,
+// against the handoff (see newHandoff): the same callers, each handing its
+// message to one collector goroutine and waiting for its id, the least any
+// publisher with waiting callers does. Each iteration publishes one message
+// through each. It reports msgs/s and CPU time (user+sys of the whole
+// process, the in-process server included) per message and heap allocations
+// (runtime.MemStats.Mallocs, the whole process, the server included) per
+// message for each, and sinkbatch's ratios to google (rate-ratio,
+// cpu-ratio), to the floor (floor-rate-ratio, floor-cpu-ratio) and to the
+// handoff (handoff-rate-ratio, handoff-cpu-ratio).
 func BenchmarkPublish(b *testing.B) {
 	for _, ordered := range []bool{false, true} {
 		for _, callers := range []int{256, 2048} {
@@ -138,26 +146,32 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 		})
 	}
 	floor := newFloor(b, srv.Addr, body, keys)
-	var gWall, gCPU, sWall, sCPU, fWall, fCPU time.Duration
-	add := func(wall, cpu *time.Duration) func(time.Duration, time.Duration) {
-		return func(w, c time.Duration) { *wall += w; *cpu += c; srv.ClearMessages() }
+	g, s, f := &side{name: "google", run: google}, &side{name: "sinkbatch", run: sinkbatch}, &side{name: "floor", run: floor}
+	var h *side // the handoff baseline; unordered only
+	order := []*side{g, s, f}
+	if !ordered {
+		send := newHandoff(b, srv.Addr, body, callers)
+		h = &side{name: "handoff", run: func(n int) (time.Duration, time.Duration) { return drive(b, n, callers, send) }}
+		order = []*side{g, s, h, f}
 	}
-	// Halves in the order google, sinkbatch, floor, floor, sinkbatch,
-	// google, so that none always runs first or last.
+	// Halves in the order google, sinkbatch, (handoff,) floor, then back,
+	// so that none always runs first or last.
 	first, second := b.N/2, b.N-b.N/2
 	b.ReportAllocs()
 	b.ResetTimer()
-	add(&gWall, &gCPU)(google(first))
-	add(&sWall, &sCPU)(sinkbatch(first))
-	add(&fWall, &fCPU)(floor(first))
-	add(&fWall, &fCPU)(floor(second))
-	add(&sWall, &sCPU)(sinkbatch(second))
-	add(&gWall, &gCPU)(google(second))
+	for _, x := range order {
+		x.measure(first)
+		srv.ClearMessages()
+	}
+	for _, x := range slices.Backward(order) {
+		x.measure(second)
+		srv.ClearMessages()
+	}
 	b.StopTimer()
 
 	n := float64(b.N)
-	gRate, sRate, fRate := n/gWall.Seconds(), n/sWall.Seconds(), n/fWall.Seconds()
-	gCPUPer, sCPUPer, fCPUPer := float64(gCPU.Microseconds())/n, float64(sCPU.Microseconds())/n, float64(fCPU.Microseconds())/n
+	gRate, sRate, fRate := n/g.wall.Seconds(), n/s.wall.Seconds(), n/f.wall.Seconds()
+	gCPUPer, sCPUPer, fCPUPer := float64(g.cpu.Microseconds())/n, float64(s.cpu.Microseconds())/n, float64(f.cpu.Microseconds())/n
 	b.ReportMetric(sRate, "sinkbatch-msgs/s")
 	b.ReportMetric(gRate, "google-msgs/s")
 	b.ReportMetric(fRate, "floor-msgs/s")
@@ -168,6 +182,136 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	b.ReportMetric(fCPUPer, "floor-cpu-µs/msg")
 	b.ReportMetric(sCPUPer/gCPUPer, "cpu-ratio")
 	b.ReportMetric(sCPUPer/fCPUPer, "floor-cpu-ratio")
+	b.ReportMetric(float64(s.allocs)/n, "sinkbatch-allocs/msg")
+	b.ReportMetric(float64(g.allocs)/n, "google-allocs/msg")
+	b.ReportMetric(float64(f.allocs)/n, "floor-allocs/msg")
+	if h != nil {
+		hRate, hCPUPer := n/h.wall.Seconds(), float64(h.cpu.Microseconds())/n
+		b.ReportMetric(hRate, "handoff-msgs/s")
+		b.ReportMetric(hCPUPer, "handoff-cpu-µs/msg")
+		b.ReportMetric(float64(h.allocs)/n, "handoff-allocs/msg")
+		b.ReportMetric(sRate/hRate, "handoff-rate-ratio")
+		b.ReportMetric(sCPUPer/hCPUPer, "handoff-cpu-ratio")
+	}
+}
+
+// newHandoff returns BenchmarkPublish's handoff baseline: about the least a
+// publisher must do whose callers each wait for their own message's id.
+// Each caller hands its message to one collector goroutine over a channel;
+// the collector makes requests of benchMaxCount messages, or of what came
+// within benchDelay of a request's first message, publishes up to
+// floorSenders of them at once through the floor's client call, and hands
+// each caller its id over the caller's own channel. No tenants, bounds,
+// validation, deadlines, actors or ordering keys. The returned send is for
+// drive; the collector stops at clean-up.
+func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
+	client, err := newAPIClient(addr)
+	require.NoError(b, err)
+	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+	type answer struct {
+		id  string
+		err error
+	}
+	replies := make([]chan answer, callers) // one per caller, which waits for one answer at a time
+	for i := range replies {
+		replies[i] = make(chan answer, 1)
+	}
+	in := make(chan chan answer, callers)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	b.Cleanup(func() {
+		close(done)
+		<-stopped
+		require.NoError(b, client.Close())
+	})
+	go func() {
+		defer close(stopped)
+		var (
+			slots   = make(chan struct{}, floorSenders)
+			workers sync.WaitGroup
+			batch   []chan answer
+			timer   = time.NewTimer(time.Hour)
+			linger  <-chan time.Time
+		)
+		timer.Stop()
+		defer workers.Wait()
+		publish := func() {
+			calls := batch
+			batch, linger = nil, nil
+			timer.Stop()
+			slots <- struct{}{}
+			workers.Go(func() {
+				defer func() { <-slots }()
+				protos := make([]pubsubpb.PubsubMessage, len(calls))
+				msgs := make([]*pubsubpb.PubsubMessage, len(calls))
+				for j := range msgs {
+					protos[j].Data = body
+					msgs[j] = &protos[j]
+				}
+				resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, callOpts...)
+				if err == nil && len(resp.MessageIds) != len(calls) {
+					err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
+				}
+				for j, reply := range calls {
+					if err != nil {
+						reply <- answer{err: err}
+					} else {
+						reply <- answer{id: resp.MessageIds[j]}
+					}
+				}
+			})
+		}
+		for {
+			select {
+			case reply := <-in:
+				batch = append(batch, reply)
+				if len(batch) == 1 {
+					timer.Reset(benchDelay)
+					linger = timer.C
+				}
+				if len(batch) == benchMaxCount {
+					publish()
+				}
+			case <-linger:
+				publish()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func(caller, _ int) (string, error) {
+		in <- replies[caller]
+		a := <-replies[caller]
+		return a.id, a.err
+	}
+}
+
+// side is one of BenchmarkPublish's three ways to publish and what it took.
+type side struct {
+	name   string
+	run    func(n int) (wall, cpu time.Duration)
+	wall   time.Duration
+	cpu    time.Duration
+	allocs uint64
+}
+
+// measure publishes n messages through s and adds what that took. The
+// goroutines s starts carry the label side=s.name, so that a CPU profile can
+// be cut by side (go tool pprof -tagfocus side=sinkbatch).
+func (s *side) measure(n int) {
+	a0 := mallocs()
+	pprof.Do(context.Background(), pprof.Labels("side", s.name), func(context.Context) {
+		w, c := s.run(n)
+		s.wall += w
+		s.cpu += c
+	})
+	s.allocs += mallocs() - a0
+}
+
+// mallocs is the number of heap objects the process has allocated so far.
+func mallocs() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.Mallocs
 }
 
 // newFloor returns the floor of BenchmarkPublish: a function that publishes
@@ -364,4 +508,48 @@ func benchCompression(b *testing.B, perRequest int) {
 	b.ReportMetric(float64(gCPU)/float64(pCPU), "cpu-ratio")
 	b.ReportMetric(n/pWall.Seconds(), "off-msgs/s")
 	b.ReportMetric(n/gWall.Seconds(), "gzip-msgs/s")
+}
+
+// BenchmarkSendBatch publishes one request of 10 and of 1000 100-byte
+// messages per iteration through the codec, and, as the baseline in the
+// same run, the same messages pre-built as a PublishRequest through the
+// same TopicAdminClient call with the codec's call options. The difference
+// is the codec's own cost: validation, sizing, mapping and results.
+func BenchmarkSendBatch(b *testing.B) {
+	for _, n := range []int{10, benchMaxCount} {
+		b.Run(fmt.Sprintf("messages=%d", n), func(b *testing.B) {
+			srv := newServer(b)
+			body := bytes.Repeat([]byte{'x'}, benchBody)
+			batch := make([]codec.Message, n)
+			msgs := make([]*pubsubpb.PubsubMessage, n)
+			for i := range batch {
+				batch[i] = codec.Message{Body: body}
+				msgs[i] = &pubsubpb.PubsubMessage{Data: body}
+			}
+			b.Run("client", func(b *testing.B) {
+				client, err := newAPIClient(srv.Addr)
+				require.NoError(b, err)
+				b.Cleanup(func() { require.NoError(b, client.Close()) })
+				callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+				req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := client.Publish(b.Context(), req, callOpts...); err != nil {
+						b.Fatal(err)
+					}
+					srv.ClearMessages()
+				}
+			})
+			b.Run("codec", func(b *testing.B) {
+				c := newCodec(b, srv.Addr, testTopic, codec.Tuning{})
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := c.SendBatch(b.Context(), batch); err != nil {
+						b.Fatal(err)
+					}
+					srv.ClearMessages()
+				}
+			})
+		})
+	}
 }

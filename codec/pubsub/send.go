@@ -61,15 +61,16 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 			continue
 		}
 		bytes += c.Size(m)
-		if len(parts) == 1 && batch[parts[0][0]].Group == m.Group {
+		switch {
+		case len(parts) == 0:
+			// Room for the common case, one ordering key, from the start.
+			parts = [][]int{append(make([]int, 0, len(batch)-i), i)}
+			continue
+		case len(parts) == 1 && batch[parts[0][0]].Group == m.Group:
 			parts[0] = append(parts[0], i) // the common case: no map
 			continue
-		}
-		if byKey == nil {
-			byKey = make(map[string]int)
-			if len(parts) == 1 {
-				byKey[batch[parts[0][0]].Group] = 0
-			}
+		case byKey == nil:
+			byKey = map[string]int{batch[parts[0][0]].Group: 0}
 		}
 		p, ok := byKey[m.Group]
 		if !ok {

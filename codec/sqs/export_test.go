@@ -3,6 +3,8 @@ package sqs
 import (
 	"context"
 
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/ankusa/sinkbatch/codec"
 )
 
@@ -20,3 +22,7 @@ var (
 	XRayHeader       = xrayHeader
 	ValidTraceparent = validTraceparent
 )
+
+// ReadOnlyBodies wraps an HTTP client as SendBatch does for each call, so
+// that a benchmark's bare SDK calls take the same path.
+func ReadOnlyBodies(c awssqs.HTTPClient) awssqs.HTTPClient { return readOnlyBodies{c} }

@@ -111,8 +111,9 @@ var throttleCodes = map[string]bool{
 
 // sent is what SendBatch remembers of an entry to check SQS's answer.
 type sent struct {
-	index    int
-	body     string
+	waiting  bool                                   // sent, and SQS's answer has not named it yet
+	id       string                                 // the entry's Id
+	body     []byte                                 // the message's Body, which stays unchanged until the request ends
 	attrs    map[string]types.MessageAttributeValue // message attributes
 	sysAttrs map[string]types.MessageAttributeValue // system attributes
 }
@@ -131,7 +132,11 @@ func (c *Codec) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.R
 func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(codec.Message) error) ([]codec.Result, error) {
 	results := make([]codec.Result, len(batch))
 	entries := make([]types.SendMessageBatchRequestEntry, 0, len(batch))
-	pending := make(map[string]sent, len(batch))
+	// pending is indexed like batch. strs holds each entry's Id and body, so
+	// that the request's pointers to them cost one allocation, not two per
+	// entry; the request lives no longer than this call.
+	pending := make([]sent, len(batch))
+	strs := make([]string, 2*len(batch))
 	for i, m := range batch {
 		if err := validate(m); err != nil {
 			results[i].Err = err
@@ -139,11 +144,11 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		}
 		// Ids only need to be distinct within the request; the index also
 		// maps the answer back.
-		id := strconv.Itoa(i)
-		e, s := c.entry(id, m)
-		s.index = i
+		id, body := &strs[2*i], &strs[2*i+1]
+		*id, *body = strconv.Itoa(i), string(m.Body)
+		e, s := c.entry(id, body, m)
 		entries = append(entries, e)
-		pending[id] = s
+		pending[i] = s
 	}
 	if len(entries) == 0 {
 		return results, nil
@@ -172,44 +177,54 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 	}
 	for _, s := range out.Successful {
 		id := aws.ToString(s.Id)
-		p, ok := pending[id]
+		i, ok := waiting(pending, id)
 		if !ok {
 			continue
 		}
-		delete(pending, id)
+		pending[i].waiting = false
 		if failed[id] {
-			results[p.index].Err = &codec.EntryError{
+			results[i].Err = &codec.EntryError{
 				Code:    CodeConflictingResult,
 				Message: "SQS listed this entry both as successful and as failed; it may be stored",
 			}
 			continue
 		}
-		results[p.index] = c.success(p, s)
+		results[i] = c.success(pending[i], s)
 	}
 	for _, f := range out.Failed {
-		id := aws.ToString(f.Id)
-		p, ok := pending[id]
+		i, ok := waiting(pending, aws.ToString(f.Id))
 		if !ok {
 			continue
 		}
-		delete(pending, id)
-		results[p.index].Err = entryError(aws.ToString(f.Code), aws.ToString(f.Message))
+		pending[i].waiting = false
+		results[i].Err = entryError(aws.ToString(f.Code), aws.ToString(f.Message))
 	}
-	for _, p := range pending {
-		results[p.index].Err = &codec.EntryError{
-			Code:    CodeMissingResult,
-			Message: "SQS answered neither success nor failure for this entry",
+	for i, p := range pending {
+		if p.waiting {
+			results[i].Err = &codec.EntryError{
+				Code:    CodeMissingResult,
+				Message: "SQS answered neither success nor failure for this entry",
+			}
 		}
 	}
 	return results, nil
 }
 
-// entry maps m onto a request entry.
-func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequestEntry, sent) {
-	e := types.SendMessageBatchRequestEntry{
-		Id:          aws.String(id),
-		MessageBody: aws.String(string(m.Body)),
+// waiting finds the entry an answer names by its Id: the index of a sent
+// entry whose answer has not come yet. An Id the request did not hold, or
+// one already answered, is not found.
+func waiting(pending []sent, id string) (int, bool) {
+	i, err := strconv.Atoi(id)
+	if err != nil || i < 0 || i >= len(pending) || !pending[i].waiting || pending[i].id != id {
+		return 0, false
 	}
+	return i, true
+}
+
+// entry maps m onto a request entry with the given Id and body (m.Body as
+// a string).
+func (c *Codec) entry(id, body *string, m codec.Message) (types.SendMessageBatchRequestEntry, sent) {
+	e := types.SendMessageBatchRequestEntry{Id: id, MessageBody: body}
 	tr := c.carried(m)
 	if n := len(m.Attributes) + tr.count(); n > 0 || m.IdempotencyKey != "" {
 		e.MessageAttributes = make(map[string]types.MessageAttributeValue, n+1)
@@ -227,7 +242,7 @@ func (c *Codec) entry(id string, m codec.Message) (types.SendMessageBatchRequest
 	if c.fifo && m.IdempotencyKey != "" {
 		e.MessageDeduplicationId = aws.String(m.IdempotencyKey)
 	}
-	return e, sent{body: *e.MessageBody, attrs: e.MessageAttributes, sysAttrs: sysAttrs}
+	return e, sent{waiting: true, id: *id, body: m.Body, attrs: e.MessageAttributes, sysAttrs: sysAttrs}
 }
 
 // success checks a successful entry's checksums and makes its Result. Every
@@ -237,12 +252,12 @@ func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Resul
 	mismatch := func(code, format string, args ...any) codec.Result {
 		return codec.Result{Err: &codec.EntryError{Code: code, Message: fmt.Sprintf(format, args...)}}
 	}
-	want := md5Hex([]byte(p.body))
+	sum := md5.Sum(p.body) //nolint:gosec // SQS's checksums are MD5
 	switch got := aws.ToString(s.MD5OfMessageBody); {
 	case got == "":
-		return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageBody (want %s)", want)
-	case got != want:
-		return mismatch(CodeChecksumMismatch, "MD5OfMessageBody is %s, want %s", got, want)
+		return mismatch(CodeMissingChecksum, "SQS answered success without MD5OfMessageBody (want %x)", sum)
+	case !isMD5(got, sum):
+		return mismatch(CodeChecksumMismatch, "MD5OfMessageBody is %s, want %x", got, sum)
 	}
 	if len(p.attrs) > 0 {
 		want := attributesMD5(p.attrs)
@@ -267,9 +282,12 @@ func (c *Codec) success(p sent, s types.SendMessageBatchResultEntry) codec.Resul
 	return codec.Result{ID: aws.ToString(s.MessageId), Sequence: aws.ToString(s.SequenceNumber)}
 }
 
-func md5Hex(b []byte) string {
-	sum := md5.Sum(b) //nolint:gosec // SQS's checksums are MD5
-	return hex.EncodeToString(sum[:])
+// isMD5 reports whether s is sum in lower-case hex, as SQS writes its
+// checksums, without allocating.
+func isMD5(s string, sum [md5.Size]byte) bool {
+	var buf [2 * md5.Size]byte
+	hex.Encode(buf[:], sum[:])
+	return s == string(buf[:])
 }
 
 // attributesMD5 is SQS's MD5OfMessageAttributes: over the attributes sorted

@@ -186,11 +186,15 @@ func (c *Codec) traceEntry(m codec.Message, k carried, e *types.SendMessageBatch
 	}
 	h := xrayHeader(m.Trace.Parent)
 	e.MessageSystemAttributes = map[string]types.MessageSystemAttributeValue{
-		AWSTraceHeader: {DataType: aws.String(stringType), StringValue: aws.String(h)},
+		AWSTraceHeader: {DataType: stringTypeRef, StringValue: aws.String(h)},
 	}
 	return map[string]types.MessageAttributeValue{AWSTraceHeader: stringValue(h)}
 }
 
+// stringTypeRef is the DataType of every attribute the codec sends. The
+// requests only read it, so they all share it.
+var stringTypeRef = aws.String(stringType)
+
 func stringValue(v string) types.MessageAttributeValue {
-	return types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+	return types.MessageAttributeValue{DataType: stringTypeRef, StringValue: aws.String(v)}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -56,7 +55,7 @@ var features = []string{
 	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "abandon", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
-	"block", "adaptive", "nosender", "futures",
+	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing",
 }
 
 // shortRun is the default run: short enough for CI under -race.
@@ -67,6 +66,8 @@ type totals struct {
 	rounds, failed, callers, calls, answered, acked int
 	restarts, supRestarts, idleStops, requests      int
 	excused                                         int
+	crashes, recPanics, tracedRounds                int
+	spans                                           spanCounts
 	worstStall                                      time.Duration
 	outcomes                                        map[string]int
 	kinds                                           map[string]uint64 // violation kind → first seed
@@ -122,9 +123,9 @@ func TestAdversary(t *testing.T) {
 	for _, k := range sortedKeys(tot.kinds) {
 		kinds = append(kinds, fmt.Sprintf("%s(seed %d)", k, tot.kinds[k]))
 	}
-	line := fmt.Sprintf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts, %d supervisor restarts, %d idle stops, worst stall %v (%d late answers excused); %s; broken: [%s]",
+	line := fmt.Sprintf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts (%d panics in Recorder.Refused), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, %d traced rounds: %v, worst stall %v (%d late answers excused); %s; broken: [%s]",
 		seed, tot.rounds, tot.failed, tot.callers, tot.calls, tot.answered, tot.acked, tot.requests,
-		tot.restarts, tot.supRestarts, tot.idleStops, tot.worstStall, tot.excused, strings.Join(out, ", "), strings.Join(kinds, " "))
+		tot.restarts, tot.crashes, tot.recPanics, tot.supRestarts, tot.idleStops, tot.tracedRounds, tot.spans, tot.worstStall, tot.excused, strings.Join(out, ", "), strings.Join(kinds, " "))
 	fmt.Println(line)
 	t.Log(line)
 }
@@ -161,6 +162,7 @@ func newRound(t *testing.T, seed uint64, skip map[string]bool, slack time.Durati
 		r.dests = append(r.dests, r.newDest(i, conc))
 	}
 	r.conc = conc
+	r.drawTelemetry()
 	return r
 }
 
@@ -302,9 +304,7 @@ func (r *round) run() {
 			r.supRest.Add(1)
 		}
 	})
-	inst, err := actors.Start(r.system, actors.Config{
-		Name: r.name, SinkConcurrency: r.conc, DefaultTimeout: r.defaultTimeout, Logger: slog.New(r.logs),
-	})
+	inst, err := actors.Start(r.system, r.config())
 	require.NoError(t, err)
 	r.inst = inst
 	r.kill = make(chan struct{})
@@ -442,6 +442,7 @@ func (r *round) run() {
 	r.system.EventStream.Unsubscribe(sub)
 	r.system.Shutdown()
 	r.check()
+	r.checkTelemetry()
 }
 
 func later(a, b time.Time) time.Time {
@@ -617,8 +618,8 @@ func (r *round) check() {
 		switch {
 		case o == "stopped" && at.Before(stopCalled):
 			r.violate("stopped-before-stop", "%s: ErrStopped %v before Stop was called", c.describe(), stopCalled.Sub(at))
-		case o == "down":
-			r.violate("batcher-down", "%s: %v", c.describe(), err)
+		case o == "down" && !r.crashedBefore(c.d, at):
+			r.violate("batcher-down", "%s: %v, and no batcher of its destination had crashed", c.describe(), err)
 		case o == "expired" && c.cancelAt.Load() == 0 && c.dlClass != "nilctx":
 			dl := c.deadline
 			if dl.IsZero() {
@@ -784,9 +785,17 @@ func (r *round) report(tot *totals) {
 	}
 	restarts := r.logs.count("sinkbatch: batcher crashed; restarting it")
 	idle := r.logs.count("sinkbatch: batcher stopped idle")
-	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
-		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.supRest.Load(), idle,
-		r.quiesce, r.abandon, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
+	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts (%d panics in Refused), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, sampler %q: %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
+		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.crashes, r.recPanics, r.supRest.Load(), idle,
+		r.quiesce, r.abandon, r.sampler, r.spans, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
+	tot.crashes += r.crashes
+	tot.recPanics += r.recPanics
+	if r.tp != nil {
+		tot.tracedRounds++
+		tot.spans.all += r.spans.all
+		tot.spans.create += r.spans.create
+		tot.spans.recorded += r.spans.recorded
+	}
 	tot.worstStall = max(tot.worstStall, r.stalls.worst())
 	tot.excused += r.excused
 	tot.rounds++

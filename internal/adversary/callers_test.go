@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -123,6 +124,9 @@ func (r *round) goDeliver(rng *rand.Rand, c *call) error {
 		})
 		defer t.Stop()
 	}
+	if c.parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, c.parent)
+	}
 	if r.on("nilctx") && rng.IntN(200) == 0 {
 		ctx = nil //nolint:staticcheck // a nil ctx is what this call tries
 		c.dlClass = "nilctx"
@@ -174,7 +178,7 @@ func (a *callerActor) Receive(ctx actor.Context) {
 }
 
 func (r *round) deliverMsg(c *call) *messages.Deliver {
-	return &messages.Deliver{Codec: c.codecVal, Message: c.msg, Deadline: c.deadline, Ref: c.id}
+	return &messages.Deliver{Codec: c.codecVal, Message: c.msg, Deadline: c.deadline, Ref: c.id, SpanContext: c.parent}
 }
 
 // delivered takes an answer for an actor caller.

@@ -238,6 +238,7 @@ func (d *dest) begin(ctx context.Context, batch []codec.Message) int {
 				r.violate("group-overlap", "%s: two requests of group %q in flight", d.name, m.Group)
 			}
 		}
+		d.checkTrace(m)
 		id := bodyID(m)
 		if _, ok := d.sent[id]; ok {
 			// A bisected request sends its halves again: that is one send.

@@ -19,7 +19,6 @@ import (
 // destination's code in a retryable EntryError is not: a lone message the
 // destination refuses is then retried forever.
 func TestIsPermanentThroughWrappers(t *testing.T) {
-	skipUnfixed(t, "codec.IsPermanent believes a wrapped non-permanent *EntryError over Permanent and ErrRefused")
 	entry := &codec.EntryError{Code: "InvalidParameterValue", Message: "the destination's text"}
 	for name, err := range map[string]error{
 		"Permanent(EntryError)":         codec.Permanent(entry),

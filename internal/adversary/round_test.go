@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
@@ -63,6 +65,13 @@ type round struct {
 	supRest atomic.Int64 // SupervisorEvents: restarts the instance did not handle itself
 	maxSeen actors.Stats
 
+	// The round's telemetry (telemetry_test.go); nil when it has none.
+	rec          *crashRecorder
+	tp           *countingProvider
+	spanRec      *tracetest.SpanRecorder
+	callerTracer trace.Tracer
+	sampler      string
+
 	// Set by run and check, read by report.
 	conc        int
 	callers     int
@@ -73,6 +82,9 @@ type round struct {
 	acked       int
 	excused     int // late answers excused by stalls
 	outcomes    map[string]int
+	spans       spanCounts
+	crashes     int // panics in Recorder.Refused
+	recPanics   int // panics in Recorder.Answered, Waited and Flushed
 }
 
 type violation struct {
@@ -109,10 +121,11 @@ type call struct {
 	deadline time.Time // zero: DefaultTimeout
 	dlClass  string
 	cancelAt atomic.Int64
-	sentAt   atomic.Int64 // when the codec first got the message; 0: never
-	owner    string       // the group's owner, if the caller owns its group
-	ownerSeq int          // the attempt's place in its owner's deliveries
-	logical  int          // the owner's message this attempt carries
+	sentAt   atomic.Int64      // when the codec first got the message; 0: never
+	owner    string            // the group's owner, if the caller owns its group
+	ownerSeq int               // the attempt's place in its owner's deliveries
+	parent   trace.SpanContext // the caller's span, in a tracing round
+	logical  int               // the owner's message this attempt carries
 	msg      codec.Message
 	body     string
 
@@ -171,6 +184,7 @@ func (r *round) t0() time.Time { return r.start }
 func (r *round) newCall(rng *rand.Rand, form string, d *dest, owner string, ownerSeq, logical int) *call {
 	c := &call{r: r, id: r.nextID.Add(1), form: form, d: d, owner: owner, ownerSeq: ownerSeq, logical: logical, done: make(chan struct{}), over: make(chan struct{})}
 	c.deadline, c.dlClass = r.deadline(rng, owner != "")
+	c.parent = r.parentSpan(rng)
 	if r.abandon && c.dlClass != "past" {
 		// No deadline passes during the traffic: nothing but a cancel the
 		// batcher learns of, or its periodic sweep, frees abandoned room.

@@ -29,7 +29,6 @@ import (
 // codec whose Size costs a millisecond (it encodes to count) and an actor
 // that sent 8000 deliveries before Stop.
 func TestStopAbortWaitsBehindBacklog(t *testing.T) {
-	skipUnfixed(t, "Abort queues behind the mailbox's deliveries: a backlog longer than abortGrace is dropped unanswered")
 	system := testinst.System()
 	defer system.Shutdown()
 	inst, err := actors.Start(system, actors.Config{Name: "backlog"})
