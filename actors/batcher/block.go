@@ -182,7 +182,9 @@ func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*ent
 	next := int64(math.MaxInt64)
 	for _, t := range append([]*waitTenant(nil), w.order...) {
 		for _, e := range t.entries[t.head:] {
-			if e.waitGone {
+			// A removal at the head advances the head past removed
+			// waiters and clears their slots: skip those too.
+			if e == nil || e.waitGone {
 				continue
 			}
 			if e.deadline <= now || !alive(e) {

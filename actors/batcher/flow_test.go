@@ -424,3 +424,21 @@ func TestBlockEvictionKeepsGroupOrder(t *testing.T) {
 	// a: g/1, g/6 (newest); b: g/7, later in g than g/6.
 	assert.Nil(t, q.evictFor(mk("c", "", 1, 1)), "g/7 of b stands behind a's newest, g/6")
 }
+
+// A sweep that removes a tenant's first waiter, after a later one was
+// removed already, steps over the slot the head's advance cleared.
+func TestBlockSweepAfterARemovalBehindTheHead(t *testing.T) {
+	s := blockSettings(4)
+	s.strict, s.pauseMax = true, 100
+	q := newQueue(s)
+	admitAll(t, q, mk("x", "", 0, 1), mk("x", "", 1, 1), mk("x", "", 2, 1), mk("x", "", 3, 1))
+	first, g, last := mk("a", "", 1, 1), mk("a", "g", 2, 1), mk("a", "", 3, 1)
+	first.deadline = 10
+	for _, e := range []*entry{first, g, last} {
+		require.True(t, q.wait(e))
+	}
+	held, _ := q.pauseGroup(groupFailure{group: "g"}, 0) // takes g/2 out of the middle
+	require.Len(t, held, 1)
+	assert.Equal(t, []*entry{first}, q.sweepWaiters(10, everyoneAlive))
+	assert.Equal(t, 1, q.waits.n)
+}

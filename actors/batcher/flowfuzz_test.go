@@ -25,7 +25,8 @@ import (
 // operation: kind in the low 3 bits, argument v in the high 5.
 //
 //	0-2  admit    tenant v%3, group v/3%3 ("" twice as often), a new key;
-//	              or, v>=27, the retry of the last failed entry
+//	              or, v>=27, the retry of the last failed entry; its
+//	              deadline is 1 to 60 after now, by its position
 //	3    launch   the batch due now, if any
 //	4    finish   request v (mod their number); v odd: its first grouped
 //	              entry failed retryably
@@ -117,7 +118,7 @@ func ffRun(t *testing.T, data []byte) {
 					e.to.deliver.Message.IdempotencyKey = g + key
 				}
 			}
-			e.deadline = now + 200
+			e.deadline = now + 1 + int64(i*7%60)
 			fe := &ffEntry{e: e, seq: i}
 			all = append(all, fe)
 			byEntry[e] = fe
