@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -213,7 +214,7 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 		tuning             codec.Tuning
 	}{
 		{destOrders, "orders.fifo", "FIFO queue, 4 tenants (1 flooding), groups", codec.Tuning{}},
-		{destEvents, "events", "standard queue, 4 tenants; batcher crash", codec.Tuning{}},
+		{destEvents, "events", "standard queue, 4 tenants; a codec panic", codec.Tuning{}},
 		{destBurst, "burst", "standard queue, QueueMax 64, TenantMax 40; burst", codec.Tuning{
 			QueueMax: 64, TenantMax: 40, MaxInflight: 1, RetryAfterMax: 250 * time.Millisecond,
 		}},
@@ -233,8 +234,9 @@ func setUpSQS(ctx context.Context, o options, s *servers) ([]*destination, error
 			}
 		}
 		inner, err := sqs.New(sqs.Config{QueueURL: url, AWS: cfg, Tuning: sp.tuning,
-			// kumo never returns MD5OfMessageAttributes; Amazon SQS does.
-			AttributeChecksumsOptional: s.kumo != nil})
+			// kumo (and other emulators on loopback) never return
+			// MD5OfMessageAttributes; Amazon SQS does.
+			AttributeChecksumsOptional: s.kumo != nil || onLoopback(o.sqsEndpoint)})
 		if err != nil {
 			return nil, err
 		}
@@ -515,5 +517,19 @@ func isLoopback(hostport string) bool {
 		return true
 	}
 	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// onLoopback reports whether endpoint is a URL on this machine: an
+// emulator, never Amazon SQS.
+func onLoopback(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Hostname() == "" {
+		return false
+	}
+	if u.Hostname() == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(u.Hostname())
 	return ip != nil && ip.IsLoopback()
 }
