@@ -175,27 +175,35 @@ func BenchmarkOverheadRatio(b *testing.B) {
 // with a TracerProvider whose sampler never samples (the spans are started,
 // their context carried, nothing recorded), in alternating rounds of the
 // same run, beside the bare protoactor round trip. It reports
-// never-sampled deliveries/s divided by untraced ones (goal ≥ 0.9), and
-// each against protoactor.
+// never-sampled deliveries/s divided by untraced ones (goal ≥ 0.9), the same
+// for CPU per delivery (untraced ÷ never-sampled), and each against
+// protoactor.
 func BenchmarkTracingOverhead(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	off := newOverheadRigWith(b, actors.Config{Name: "bench-off"})
 	never := newOverheadRigWith(b, actors.Config{Name: "bench-never", TracerProvider: tp})
 	const round = 20000
-	var base, offT, neverT time.Duration
+	var base, offT, neverT, offCPU, neverCPU time.Duration
 	for range max(b.N/round, 1) {
 		for _, m := range []struct {
-			call func(context.Context) error
-			sum  *time.Duration
-		}{{off.baseline, &base}, {off.deliver, &offT}, {never.deliver, &neverT}} {
+			call     func(context.Context) error
+			sum, cpu *time.Duration
+		}{{off.baseline, &base, nil}, {off.deliver, &offT, &offCPU}, {never.deliver, &neverT, &neverCPU}} {
+			var clock cpuClock
+			clock.read()
 			d, err := run(round, m.call)
 			if err != nil {
 				b.Fatal(err)
 			}
 			*m.sum += d
+			if m.cpu != nil {
+				*m.cpu += clock.since()
+			}
 		}
 	}
+	// Process CPU is steadier than wall time on a shared machine.
+	b.ReportMetric(offCPU.Seconds()/neverCPU.Seconds(), "never/off-cpu")
 	b.ReportMetric(offT.Seconds()/neverT.Seconds(), "never/off")
 	b.ReportMetric(base.Seconds()/offT.Seconds(), "off/protoactor")
 	b.ReportMetric(base.Seconds()/neverT.Seconds(), "never/protoactor")
