@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/supervisor"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -208,12 +209,20 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		timeout = w.after(i.timeout)
 		defer w.disarm()
 	}
-	sender := w.begin(i.system.Address())
-	d := &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &w.direct}
+	// One allocation holds the call's Deliver, its sender PID and the
+	// Direct that names both to the batcher. It is never pooled: an
+	// abandoned call's record lives on until the batcher lets it go.
+	rec := &call{deliver: messages.Deliver{Codec: c, Message: m, Deadline: deadline}}
+	sender := &rec.sender
+	w.begin(sender, i.system.Address())
+	rec.direct = batcher.Direct{Listener: w, Sender: sender}
+	d := &rec.deliver
+	d.Ref = &rec.direct
 	if i.tracing {
 		d.SpanContext = trace.SpanContextFromContext(ctx)
 	}
-	i.system.Root.RequestWithCustomSender(i.sup.PID(), d, sender)
+	// No envelope: the sender travels in Direct.
+	i.system.Root.Send(i.sup.PID(), d)
 	select {
 	case r := <-w.answer:
 		if r.Err != nil {
@@ -230,6 +239,13 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		w.abandon(sender)
 		return codec.Result{}, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
+}
+
+// call is one Deliver call's record: what it sends and who is answered.
+type call struct {
+	deliver messages.Deliver
+	sender  actor.PID
+	direct  batcher.Direct
 }
 
 // PID is where actors send *messages.Deliver, with ctx.Request or a future,

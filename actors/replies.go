@@ -7,7 +7,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -29,8 +28,6 @@ type waiter struct {
 	// timer is DefaultTimeout for calls whose ctx has no deadline; only its
 	// caller touches it. Reused from call to call, so a call allocates none.
 	timer *time.Timer
-	// direct is the Ref of w's deliveries: it names w to the batcher.
-	direct batcher.Direct
 }
 
 // after arms w's timer for d and returns its channel.
@@ -82,14 +79,14 @@ func (w *waiter) Listening(pid *actor.PID) bool {
 	return pid.RequestId != 0 && w.call.Load() == pid.RequestId
 }
 
-// begin starts a call and returns the sender PID to hand out.
-func (w *waiter) begin(address string) *actor.PID {
+// begin starts a call and fills in pid, the sender PID to hand out.
+func (w *waiter) begin(pid *actor.PID, address string) {
 	w.seq++
 	if w.seq == 0 {
 		w.seq = 1
 	}
 	w.call.Store(w.seq)
-	return &actor.PID{Address: address, Id: w.id, RequestId: w.seq}
+	pid.Address, pid.Id, pid.RequestId = address, w.id, w.seq
 }
 
 // abandon ends a call that stopped waiting. If its answer was already on its
@@ -120,7 +117,6 @@ func (p *waiters) get() *waiter {
 	p.mu.Unlock()
 	reg := p.system.ProcessRegistry
 	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan codec.Result, 1)}
-	w.direct.Listener = w
 	reg.Add(w, w.id)
 	return w
 }

@@ -156,7 +156,7 @@ func (b *Batcher) receive(ctx actor.Context) {
 	b.now = time.Now().UnixNano()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
-		b.deliver(caller{deliver: m, sender: ctx.Sender()})
+		b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
 	case *done:
 	case *tick:
 		b.armed = 0

@@ -40,7 +40,24 @@ type Listener interface {
 // Direct, as a Deliver's Ref, names the sender's Listener, so that the
 // batcher answers it and asks whether it listens without a process
 // registry lookup. The front door sets it; Delivered.Ref echoes it.
-type Direct struct{ Listener Listener }
+type Direct struct {
+	Listener Listener
+	// Sender is who is answered when the Deliver arrives without an
+	// envelope (the front door sends it so): the PID handed to Listener.
+	Sender *actor.PID
+}
+
+// SenderOf is who a Deliver is answered to: the sender of its envelope, or,
+// without one, the Sender its Direct names; nil: nobody.
+func SenderOf(envelope *actor.PID, d *messages.Deliver) *actor.PID {
+	if envelope != nil {
+		return envelope
+	}
+	if r, ok := d.Ref.(*Direct); ok {
+		return r.Sender
+	}
+	return nil
+}
 
 // listenerOf is the Listener d names, if any.
 func listenerOf(d *messages.Deliver) Listener {

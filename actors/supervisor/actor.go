@@ -187,11 +187,12 @@ func (s *Supervisor) retireLocked(rt *route) []any {
 // answer answers held deliveries with err.
 func (s *Supervisor) answer(held []any, err error) {
 	for _, m := range held {
-		_, msg, sender := actor.UnwrapEnvelope(m)
+		_, msg, envelope := actor.UnwrapEnvelope(m)
+		d := msg.(*messages.Deliver)
+		sender := batcher.SenderOf(envelope, d)
 		if sender == nil {
 			continue
 		}
-		d := msg.(*messages.Deliver)
 		if p, ok := s.system.ProcessRegistry.Get(sender); ok {
 			p.SendUserMessage(sender, &messages.Delivered{Ref: d.Ref, Err: err})
 		}

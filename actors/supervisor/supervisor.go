@@ -383,7 +383,7 @@ func (r *router) SendUserMessage(_ *actor.PID, message any) {
 		}
 		return
 	}
-	r.s.route(message, d, sender)
+	r.s.route(message, d, batcher.SenderOf(sender, d))
 }
 
 func (r *router) SendSystemMessage(*actor.PID, any) {}
