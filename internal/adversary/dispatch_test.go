@@ -5,6 +5,8 @@ package adversary_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,49 +107,69 @@ func TestPanicInSweepLosesExpiredEntries(t *testing.T) {
 // slot (dispatch.finish); a caller's Listening that panics in that take
 // takes the batcher down from the goroutine. The entries the take had
 // already taken out of their lanes are answered by the restart, and the
-// goroutine's count is given back, so the next incarnation sends. Here A is
-// in flight (MaxInflight 1) while C and then B (whose Listening panics)
+// goroutine's count is given back, so the next incarnation sends, or, when
+// Stop is draining, Stop returns nil once every delivery is answered. Here A
+// is in flight (MaxInflight 1) while C and then B (whose Listening panics)
 // queue in one lane; A's end takes C, then asks B.
 func TestPanicInHandOffTake(t *testing.T) {
-	system, inst := testinst.Start(t, actors.Config{Name: "handoffpanic"})
-	c := fakecodec.New("handoffpanic", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
-	c.Tune = codec.Tuning{MaxInflight: 1}
-	release, sending := make(chan struct{}), make(chan struct{}, 1)
-	c.Hook = func(_ context.Context, b []codec.Message) ([]codec.Result, error) {
-		if string(b[0].Body) == "a" {
-			sending <- struct{}{}
-			<-release
-		}
-		return make([]codec.Result, len(b)), nil
+	for _, stopping := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stopping=%v", stopping), func(t *testing.T) {
+			system, inst := testinst.Start(t, actors.Config{Name: "handoffpanic"})
+			c := fakecodec.New("handoffpanic", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
+			c.Tune = codec.Tuning{MaxInflight: 1}
+			release, sending := make(chan struct{}), make(chan struct{}, 1)
+			c.Hook = func(_ context.Context, b []codec.Message) ([]codec.Result, error) {
+				if string(b[0].Body) == "a" {
+					sending <- struct{}{}
+					<-release
+				}
+				return make([]codec.Result, len(b)), nil
+			}
+
+			rp := &panickyListener{}
+			pid, ok := system.ProcessRegistry.Add(rp, "handoffpanic-listener")
+			require.True(t, ok)
+			defer system.ProcessRegistry.Remove(pid)
+
+			hour := time.Now().Add(time.Hour)
+			deliver := func(body string) *actor.Future {
+				return system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte(body)}, Deadline: hour}, answerWithin)
+			}
+			a := deliver("a")
+			<-sending
+			cf := deliver("c")
+			require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, answerWithin, time.Millisecond)
+			system.Root.RequestWithCustomSender(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("b")}, Deadline: hour}, pid)
+			require.Eventually(t, func() bool { return inst.Stats().Queued == 2 }, answerWithin, time.Millisecond)
+			stopped := make(chan error, 1)
+			if stopping {
+				ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+				defer cancel()
+				go func() { stopped <- inst.Stop(ctx) }()
+				// The drain has begun when a delivery is refused.
+				require.Eventually(t, func() bool {
+					_, err := inst.Deliver(context.Background(), c, codec.Message{Body: []byte("late")})
+					return errors.Is(err, messages.ErrStopped)
+				}, answerWithin, time.Millisecond)
+			}
+			close(release)
+
+			res, err := a.Result()
+			require.NoError(t, err)
+			require.NoError(t, res.(*messages.Delivered).Err)
+			res, err = cf.Result()
+			require.NoError(t, err, "C, taken out of its lane by the take that panicked, is never answered")
+			assert.ErrorIs(t, res.(*messages.Delivered).Err, messages.ErrBatcherDown)
+			assert.Positive(t, rp.panics.Load(), "Listening was asked, and panicked")
+
+			if stopping {
+				assert.NoError(t, <-stopped, "Stop's drain ends once every delivery is answered")
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, err = inst.Deliver(ctx, c, codec.Message{Body: []byte("d")})
+			assert.NoError(t, err, "a delivery after the restart is sent")
+		})
 	}
-
-	rp := &panickyListener{}
-	pid, ok := system.ProcessRegistry.Add(rp, "handoffpanic-listener")
-	require.True(t, ok)
-	defer system.ProcessRegistry.Remove(pid)
-
-	hour := time.Now().Add(time.Hour)
-	deliver := func(body string) *actor.Future {
-		return system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte(body)}, Deadline: hour}, answerWithin)
-	}
-	a := deliver("a")
-	<-sending
-	cf := deliver("c")
-	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, answerWithin, time.Millisecond)
-	system.Root.RequestWithCustomSender(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("b")}, Deadline: hour}, pid)
-	require.Eventually(t, func() bool { return inst.Stats().Queued == 2 }, answerWithin, time.Millisecond)
-	close(release)
-
-	res, err := a.Result()
-	require.NoError(t, err)
-	require.NoError(t, res.(*messages.Delivered).Err)
-	res, err = cf.Result()
-	require.NoError(t, err, "C, taken out of its lane by the take that panicked, is never answered")
-	assert.ErrorIs(t, res.(*messages.Delivered).Err, messages.ErrBatcherDown)
-	assert.Positive(t, rp.panics.Load(), "Listening was asked, and panicked")
-
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_, err = inst.Deliver(ctx, c, codec.Message{Body: []byte("d")})
-	assert.NoError(t, err, "a delivery after the restart is sent")
 }
