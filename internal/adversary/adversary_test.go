@@ -37,6 +37,7 @@ var (
 // to see them fail; delete an entry when its fix lands.
 var unfixed = map[string]string{
 	// An entry reads: "feature": "what it finds (the check that fails)".
+	"listenstep":  "a Listening that panics in a later take of dispatch.step loses the entries an earlier take of the same step dropped (never-answered, span-open; TestPanicInLaterTakeLosesDropped)",
 	"listensweep": "a Listening that panics in a sweep loses the expired entries the sweep had removed (never-answered, span-open; TestPanicInSweepLosesExpiredEntries)",
 }
 
@@ -55,7 +56,7 @@ var features = []string{
 	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "abandon", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
-	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing", "listenpanic", "listensweep",
+	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing", "listenpanic", "listenstep", "listensweep",
 }
 
 // shortRun is the default run: short enough for CI under -race.

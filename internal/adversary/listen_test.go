@@ -21,8 +21,7 @@ import (
 // process may be. A batcher asks it whether its caller still waits when it
 // sweeps the queue or takes the entry into a batch, on the actor or on a
 // request goroutine, with its lock held; now and then Listening panics, as
-// the caller's code may (feature listenpanic; in a sweep too with
-// listensweep). Each such panic restarts the destination's batcher (at most
+// the caller's code may (feature listenpanic; see askedFrom). Each such panic restarts the destination's batcher (at most
 // once), and every caller is still answered exactly once.
 
 // listening is the round's listening callers: the chance that a Listening
@@ -65,10 +64,12 @@ type listenProc struct {
 }
 
 // Listening says the caller waits, or panics; a panic marks the call's
-// destination as crashed from then on (an ErrBatcherDown has a cause).
-// Without the listensweep feature it does not panic when a sweep asks.
+// destination as crashed from then on (an ErrBatcherDown has a cause). It
+// panics in a take on a request goroutine (dispatch.finish) with the
+// listenpanic feature, in a take on the actor (dispatch.step) only with
+// listenstep too, and in a sweep only with listensweep too.
 func (p *listenProc) Listening(*actor.PID) bool {
-	if l := p.r.listen; l.chance() && (p.r.on("listensweep") || !inSweep()) {
+	if l := p.r.listen; l.chance() && p.r.on(askedFrom()) {
 		p.c.d.listenCrash.CompareAndSwap(0, time.Now().UnixNano())
 		l.panics.Add(1)
 		panic("adversary: Listening panics")
@@ -90,18 +91,24 @@ func (p *listenProc) SendUserMessage(_ *actor.PID, message any) {
 func (*listenProc) SendSystemMessage(*actor.PID, any) {}
 func (*listenProc) Stop(*actor.PID)                   {}
 
-// inSweep says whether the batcher asks from a sweep of its queue (see
-// TestPanicInSweepLosesExpiredEntries).
-func inSweep() bool {
-	var pcs [16]uintptr
+// askedFrom names the feature that lets Listening panic where the batcher
+// asks: in a sweep of its queue (listensweep; see
+// TestPanicInSweepLosesExpiredEntries), in a take of dispatch.step on the
+// actor (listenstep; see TestPanicInLaterTakeLosesDropped), or elsewhere, a
+// request goroutine's take in dispatch.finish (listenpanic).
+func askedFrom() string {
+	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs[:])])
 	for {
 		f, more := frames.Next()
-		if strings.HasSuffix(f.Function, "batcher.(*queue).sweep") {
-			return true
+		switch {
+		case strings.HasSuffix(f.Function, "batcher.(*queue).sweep"):
+			return "listensweep"
+		case strings.HasSuffix(f.Function, "batcher.(*dispatch).step"):
+			return "listenstep"
 		}
 		if !more {
-			return false
+			return "listenpanic"
 		}
 	}
 }
