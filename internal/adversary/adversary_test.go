@@ -36,8 +36,9 @@ var (
 // it finds the next bug rather than these again. Run with -adversary.unfixed
 // to see them fail; delete an entry when its fix lands.
 var unfixed = map[string]string{
-	// None at present: every feature's bugs are fixed on main (a9d997b).
 	// An entry reads: "feature": "what it finds (the check that fails)".
+	"listenstep":  "a Listening that panics in a later take of dispatch.step loses the entries an earlier take of the same step dropped (never-answered, span-open; TestPanicInLaterTakeLosesDropped)",
+	"listensweep": "a Listening that panics in a sweep loses the expired entries the sweep had removed (never-answered, span-open; TestPanicInSweepLosesExpiredEntries)",
 }
 
 // skipUnfixed skips a focused test of a bug main has not fixed yet, unless
@@ -55,7 +56,7 @@ var features = []string{
 	"quiesce", "nilcodec", "typednil", "nilctx", "pastdeadline", "farfuture", "cancel", "abandon", "valuecodec", "manycodecs",
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
-	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing",
+	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing", "listenpanic", "listenstep", "listensweep",
 }
 
 // shortRun is the default run: short enough for CI under -race.
@@ -67,6 +68,7 @@ type totals struct {
 	restarts, supRestarts, idleStops, requests      int
 	excused                                         int
 	crashes, recPanics, tracedRounds                int
+	listenPanics                                    int
 	spans                                           spanCounts
 	worstStall                                      time.Duration
 	outcomes                                        map[string]int
@@ -123,9 +125,9 @@ func TestAdversary(t *testing.T) {
 	for _, k := range sortedKeys(tot.kinds) {
 		kinds = append(kinds, fmt.Sprintf("%s(seed %d)", k, tot.kinds[k]))
 	}
-	line := fmt.Sprintf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts (%d panics in Recorder.Refused), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, %d traced rounds: %v, worst stall %v (%d late answers excused); %s; broken: [%s]",
+	line := fmt.Sprintf("adversary: seed %d: %d rounds (%d failed), %d callers, %d calls, %d answered, %d acked, %d requests, %d batcher restarts (%d panics in Recorder.Refused, %d in Listening), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, %d traced rounds: %v, worst stall %v (%d late answers excused); %s; broken: [%s]",
 		seed, tot.rounds, tot.failed, tot.callers, tot.calls, tot.answered, tot.acked, tot.requests,
-		tot.restarts, tot.crashes, tot.recPanics, tot.supRestarts, tot.idleStops, tot.tracedRounds, tot.spans, tot.worstStall, tot.excused, strings.Join(out, ", "), strings.Join(kinds, " "))
+		tot.restarts, tot.crashes, tot.listenPanics, tot.recPanics, tot.supRestarts, tot.idleStops, tot.tracedRounds, tot.spans, tot.worstStall, tot.excused, strings.Join(out, ", "), strings.Join(kinds, " "))
 	fmt.Println(line)
 	t.Log(line)
 }
@@ -163,6 +165,7 @@ func newRound(t *testing.T, seed uint64, skip map[string]bool, slack time.Durati
 	}
 	r.conc = conc
 	r.drawTelemetry()
+	r.listeners = r.drawListening()
 	return r
 }
 
@@ -327,7 +330,7 @@ func (r *round) run() {
 	if r.on("nosender") {
 		noSenders = rng.IntN(2)
 	}
-	r.callers = goCallers + owners + actorDrivers + pipelined + futures + noSenders
+	r.callers = goCallers + owners + actorDrivers + pipelined + futures + noSenders + r.listeners
 	r.noSenders = noSenders
 	var pids []*actor.PID
 	for range 1 + rng.IntN(4) {
@@ -349,6 +352,9 @@ func (r *round) run() {
 	}
 	for i := range noSenders {
 		spawn(func() { r.noSender(i) })
+	}
+	for i := range r.listeners {
+		spawn(func() { r.listenCaller(i) })
 	}
 
 	trafficEnd := r.start.Add(r.traffic)
@@ -440,6 +446,7 @@ func (r *round) run() {
 		_ = r.system.Root.StopFuture(pid).Wait()
 	}
 	r.system.EventStream.Unsubscribe(sub)
+	r.unregisterListeners()
 	r.system.Shutdown()
 	r.check()
 	r.checkTelemetry()
@@ -785,10 +792,11 @@ func (r *round) report(tot *totals) {
 	}
 	restarts := r.logs.count("sinkbatch: batcher crashed; restarting it")
 	idle := r.logs.count("sinkbatch: batcher stopped idle")
-	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts (%d panics in Refused), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, sampler %q: %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
-		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.crashes, r.recPanics, r.supRest.Load(), idle,
+	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts (%d panics in Refused, %d in Listening), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, sampler %q: %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",
+		r.seed, len(r.dests), r.callers, len(r.calls), r.answered, r.acked, requests, restarts, r.crashes, r.listenPanics, r.recPanics, r.supRest.Load(), idle,
 		r.quiesce, r.abandon, r.sampler, r.spans, r.stopTimeout, r.stopErr, r.maxSeen, r.outcomes, r.stalls.worst(), r.excused)
 	tot.crashes += r.crashes
+	tot.listenPanics += r.listenPanics
 	tot.recPanics += r.recPanics
 	if r.tp != nil {
 		tot.tracedRounds++

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -52,6 +53,9 @@ type dest struct {
 	validate bool
 	f        faults
 	values   []codec.Codec // the codec values callers pick from
+	// listenCrash is when a listening caller's Listening first panicked
+	// (Unix nanoseconds; 0: never): its batcher crashed then.
+	listenCrash atomic.Int64
 
 	rmu sync.Mutex
 	rng *rand.Rand

@@ -12,7 +12,10 @@
 // requests in flight). Many goroutine and actor callers deliver with random
 // tenants, groups, idempotency keys and deadlines (past ones, and ones in the
 // year 2300), cancel at random moments, and Stop is called with a ctx that
-// ends at a random moment while deliveries still arrive.
+// ends at a random moment while deliveries still arrive. Some callers answer
+// from a reply process of their own that is a batcher.Listener, whose
+// Listening panics now and then (on the batcher's actor or on a request
+// goroutine, as it takes or sweeps); the Recorder panics now and then.
 //
 // At the end of a round it checks that every caller was answered exactly once
 // and in time (by its deadline, or by Stop's return, plus a generous slack),

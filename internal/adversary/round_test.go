@@ -84,7 +84,11 @@ type round struct {
 	outcomes    map[string]int
 	spans       spanCounts
 	crashes     int // panics in Recorder.Refused
-	recPanics   int // panics in Recorder.Answered, Waited and Flushed
+	// The round's listening callers (listen_test.go); nil when it has none.
+	listen       *listening
+	listeners    int
+	listenPanics int // panics in a listening caller's Listening
+	recPanics    int // panics in Recorder.Answered, Waited and Flushed
 }
 
 type violation struct {

@@ -121,10 +121,17 @@ func (s *sinkRec) Waited(d time.Duration) {
 	}
 }
 
-// crashedBefore says whether d's batcher had crashed (a panic in Refused)
-// by at: an ErrBatcherDown answer before that has no cause.
+// crashedBefore says whether d's batcher had crashed (a panic in Refused
+// or in a caller's Listening) by at: an ErrBatcherDown answer before that
+// has no cause.
 func (r *round) crashedBefore(d *dest, at time.Time) bool {
-	if r.rec == nil || d == nil {
+	if d == nil {
+		return false
+	}
+	if lc := d.listenCrash.Load(); lc != 0 && lc <= at.UnixNano() {
+		return true
+	}
+	if r.rec == nil {
 		return false
 	}
 	r.rec.mu.Lock()
@@ -398,7 +405,18 @@ func (r *round) checkTelemetry() {
 		}
 		_ = r.tp.sdk.Shutdown(context.Background())
 	}
+	var listenPanics int64
+	if r.listen != nil {
+		listenPanics = r.listen.panics.Load()
+		r.listenPanics = int(listenPanics)
+	}
+	restarts := int64(r.logs.count("sinkbatch: batcher crashed; restarting it"))
 	if r.rec == nil {
+		// A panic in Listening restarts its batcher, unless the panic was
+		// on a request goroutine of an incarnation already restarted.
+		if restarts > listenPanics {
+			r.violate("crash-from-nowhere", "%d batcher restarts, %d panics in Listening (the round's only crash source)", restarts, listenPanics)
+		}
 		return
 	}
 	var refused, answeredP, waitedP, flushP int64
@@ -415,9 +433,8 @@ func (r *round) checkTelemetry() {
 	}
 	r.crashes = int(refused)
 	r.recPanics = int(answeredP + waitedP + flushP)
-	restarts := int64(r.logs.count("sinkbatch: batcher crashed; restarting it"))
-	if restarts > refused {
-		r.violate("crash-from-nowhere", "%d batcher restarts, %d panics in Recorder.Refused (the round's only crash source)", restarts, refused)
+	if restarts > refused+listenPanics {
+		r.violate("crash-from-nowhere", "%d batcher restarts, %d panics in Recorder.Refused and %d in Listening (the round's only crash sources)", restarts, refused, listenPanics)
 	}
 	if restarts < refused && r.stopCalled.Load() == 0 {
 		r.violate("crash-not-restarted", "%d panics in Recorder.Refused, %d batcher restarts", refused, restarts)
