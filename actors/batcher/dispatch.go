@@ -182,16 +182,19 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := len(launched)
+	var dropped []*entry
 	defer func() {
 		if r := recover(); r != nil {
 			took := len(launched) - n
 			d.own -= took
 			d.goroutines.Add(-int64(took))
 			d.down = true
+			// What earlier takes of this call dropped is in no lane:
+			// the restart must find it to answer it.
+			d.q.keep(dropped)
 			panic(r)
 		}
 	}()
-	var dropped []*entry
 	for {
 		f, more := d.launchLocked(now)
 		dropped = append(dropped, more...)

@@ -284,6 +284,20 @@ func (q *queue) built() (batch, dropped []*entry) {
 	return batch, dropped
 }
 
+// keep puts entries that were removed from the queue but not answered yet
+// where drainAll finds them: a panic is on its way, and the restart answers
+// everything drainAll returns.
+func (q *queue) keep(removed []*entry) {
+	if len(removed) == 0 {
+		return
+	}
+	if q.building == nil {
+		q.builder = batchBuilder{}
+		q.building = &q.builder
+	}
+	q.building.dropped = append(q.building.dropped, removed...)
+}
+
 // offer looks at l's head, which must be live: an abandoned head is removed
 // into b.dropped; a head that would take the batch past MaxBytes is left
 // where it is (full); any other is popped into the batch (took).
@@ -397,6 +411,9 @@ func (q *queue) complete(groups []*lane) {
 // gone, and returns them. It costs O(queue); the driver calls it when room is
 // needed or a deadline has passed, not per delivery.
 func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
+	// The removed entries gather in the builder, as a take's do: if alive
+	// panics midway, drainAll still finds them.
+	b := q.build(now, alive)
 	minDeadline := int64(math.MaxInt64)
 	visit := func(l *lane) {
 		for i := l.head; i < len(l.entries); i++ {
@@ -407,7 +424,7 @@ func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
 				continue
 			}
 			if e.deadline <= now || !alive(e) {
-				dropped = append(dropped, e)
+				b.dropped = append(b.dropped, e)
 				q.remove(e)
 				continue
 			}
@@ -421,6 +438,7 @@ func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
 		visit(l)
 	}
 	q.minDeadline = minDeadline
+	_, dropped = q.built()
 	return dropped
 }
 

@@ -37,8 +37,7 @@ var (
 // to see them fail; delete an entry when its fix lands.
 var unfixed = map[string]string{
 	// An entry reads: "feature": "what it finds (the check that fails)".
-	"listenstep":  "a Listening that panics in a later take of dispatch.step loses the entries an earlier take of the same step dropped (never-answered, span-open; TestPanicInLaterTakeLosesDropped)",
-	"listensweep": "a Listening that panics in a sweep loses the expired entries the sweep had removed (never-answered, span-open; TestPanicInSweepLosesExpiredEntries)",
+	// None at present.
 }
 
 // skipUnfixed skips a focused test of a bug main has not fixed yet, unless

@@ -86,7 +86,6 @@ func (*panickyListener) Stop(*actor.PID)                   {}
 // With B's sender a process that is no Listener, A is answered
 // DeadlineExceeded at 100ms.
 func TestPanicInSweepLosesExpiredEntries(t *testing.T) {
-	skipUnfixed(t, "a Listening panic in a sweep loses the expired entries the sweep already removed; their callers are never answered")
 	system, inst := testinst.Start(t, actors.Config{Name: "sweeppanic"})
 	c := fakecodec.New("sweeppanic", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
 	c.Tune = codec.Tuning{Linger: time.Hour}
@@ -101,7 +100,18 @@ func TestPanicInSweepLosesExpiredEntries(t *testing.T) {
 	system.Root.RequestWithCustomSender(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Body: []byte("b")}, Deadline: time.Now().Add(time.Hour)}, pid)
 	res, err := a.Result()
 	require.NoError(t, err, "A's caller is never answered (Listening panicked %d times)", rp.panics.Load())
-	assert.ErrorIs(t, res.(*messages.Delivered).Err, context.DeadlineExceeded)
+	// Answered: by the sweep (expired) or, when the panic came first, by
+	// the restart, which finds what the sweep had removed.
+	assertExpiredOrDown(t, res.(*messages.Delivered).Err)
+}
+
+// assertExpiredOrDown accepts the two answers an entry a crash interrupted
+// may get: its deadline's, or the restart's.
+func assertExpiredOrDown(t *testing.T, err error) {
+	t.Helper()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		assert.ErrorIs(t, err, messages.ErrBatcherDown)
+	}
 }
 
 // A request goroutine that ends its request takes the next batch for its
@@ -149,7 +159,11 @@ func TestPanicInHandOffTake(t *testing.T) {
 				go func() { stopped <- inst.Stop(ctx) }()
 				// The drain has begun when a delivery is refused.
 				require.Eventually(t, func() bool {
-					_, err := inst.Deliver(context.Background(), c, codec.Message{Body: []byte("late")})
+					// A short wait: a delivery that beats Stop queues
+					// behind A, and its caller moves on.
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+					defer cancel()
+					_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("late")})
 					return errors.Is(err, messages.ErrStopped)
 				}, answerWithin, time.Millisecond)
 			}
@@ -188,7 +202,6 @@ func TestPanicInHandOffTake(t *testing.T) {
 // passed, so that no tick sweeps X0 first; then one step takes x (dropping
 // X0) and asks B.
 func TestPanicInLaterTakeLosesDropped(t *testing.T) {
-	skipUnfixed(t, "a Listening panic in a later take of dispatch.step loses the entries an earlier take of the same step dropped; their callers are never answered")
 	system, inst := testinst.Start(t, actors.Config{Name: "droppanic"})
 	c := &gatedGroups{release: make(chan struct{}), validating: make(chan struct{})}
 
@@ -212,7 +225,7 @@ func TestPanicInLaterTakeLosesDropped(t *testing.T) {
 
 	res, err := x0.Result()
 	require.NoError(t, err, "X0's caller is never answered (Listening panicked %d times)", rp.panics.Load())
-	assert.ErrorIs(t, res.(*messages.Delivered).Err, context.DeadlineExceeded)
+	assertExpiredOrDown(t, res.(*messages.Delivered).Err)
 }
 
 // gatedGroups is a one-group-per-request codec whose Validate of the body
