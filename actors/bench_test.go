@@ -267,6 +267,36 @@ func BenchmarkBound(b *testing.B) {
 	}
 }
 
+// smallTenant sends 20 rounds of the small tenant's 10 concurrent
+// messages to c and returns their latencies.
+func smallTenant(b *testing.B, inst *actors.Instance, c codec.Codec) []time.Duration {
+	var out []time.Duration
+	for range 20 {
+		lat := make([]time.Duration, 10)
+		var wg sync.WaitGroup
+		for i := range lat {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				if _, err := inst.Deliver(context.Background(), c, codec.Message{Tenant: "small", Body: []byte("s")}); err != nil {
+					b.Error(err)
+				}
+				lat[i] = time.Since(start)
+			}()
+		}
+		wg.Wait()
+		out = append(out, lat...)
+	}
+	return out
+}
+
+// p99 is the 99th percentile of d, which it sorts.
+func p99(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)*99/100]
+}
+
 // BenchmarkFairness measures a small tenant's p99 latency beside a tenant
 // flooding 10 000 deliveries, divided by its p99 alone (goal ≤ 2), with the
 // default tuning (8 requests in flight, 10 entries each) and requests that
@@ -308,31 +338,7 @@ func benchFairness(b *testing.B, latency, jitter time.Duration) {
 	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		return make([]codec.Result, len(batch)), nil
 	}
-	small := func() []time.Duration {
-		var out []time.Duration
-		for range 20 { // rounds of the small tenant's 10 messages
-			lat := make([]time.Duration, 10)
-			var wg sync.WaitGroup
-			for i := range lat {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					start := time.Now()
-					if _, err := inst.Deliver(context.Background(), c, codec.Message{Tenant: "small", Body: []byte("s")}); err != nil {
-						b.Error(err)
-					}
-					lat[i] = time.Since(start)
-				}()
-			}
-			wg.Wait()
-			out = append(out, lat...)
-		}
-		return out
-	}
-	p99 := func(d []time.Duration) time.Duration {
-		slices.Sort(d)
-		return d[len(d)*99/100]
-	}
+	small := func() []time.Duration { return smallTenant(b, inst, c) }
 	var alone, beside []time.Duration
 	var aloneReq, besideReq requestTime
 	for range b.N {

@@ -245,31 +245,7 @@ func benchBlock(b *testing.B, floodCallers int) {
 	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		return make([]codec.Result, len(batch)), nil
 	}
-	small := func() []time.Duration {
-		var out []time.Duration
-		for range 20 {
-			lat := make([]time.Duration, 10)
-			var wg sync.WaitGroup
-			for i := range lat {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					start := time.Now()
-					if _, err := inst.Deliver(context.Background(), c, codec.Message{Tenant: "small", Body: []byte("s")}); err != nil {
-						b.Error(err)
-					}
-					lat[i] = time.Since(start)
-				}()
-			}
-			wg.Wait()
-			out = append(out, lat...)
-		}
-		return out
-	}
-	p99 := func(d []time.Duration) time.Duration {
-		slices.Sort(d)
-		return d[len(d)*99/100]
-	}
+	small := func() []time.Duration { return smallTenant(b, inst, c) }
 	var alone, beside []time.Duration
 	var refused, late, delivered atomic.Int64
 	for range b.N {
