@@ -101,7 +101,7 @@ type FullReason int
 
 // The bounds a destination's queue enforces.
 const (
-	FullEntries FullReason = iota // Tuning.QueueMax entries queued
+	FullEntries FullReason = iota // Tuning.QueueMax entries queued (with WhenFull Block: or waiting)
 	FullBytes                     // Tuning.QueueMaxBytes bytes queued
 	FullTenant                    // Tuning.TenantMax entries of the delivery's tenant queued
 )

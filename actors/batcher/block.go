@@ -134,6 +134,9 @@ func (q *queue) evictFor(e *entry) *entry {
 // returns those it found abandoned (deadline passed, caller gone), to be
 // answered. It stops when a whole turn admits nothing.
 func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
+	// The removed waiters gather in the builder, as a take's do: if alive
+	// panics midway, drainAll still finds them.
+	b := q.build(now, alive)
 	w := &q.waits
 	for misses := 0; w.n > 0 && misses < len(w.order); {
 		if w.turn >= len(w.order) {
@@ -143,7 +146,7 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 		e := t.first()
 		if e.deadline <= now || !alive(e) {
 			w.remove(e)
-			dropped = append(dropped, e)
+			b.dropped = append(b.dropped, e)
 			continue
 		}
 		if g := e.msg.Group; g != "" && w.groups[g].first() != e {
@@ -172,12 +175,14 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 	if w.n == 0 {
 		w.minDeadline = math.MaxInt64
 	}
+	_, dropped = q.built()
 	return dropped
 }
 
 // sweepWaiters removes every waiter whose deadline has passed or whose
 // caller is gone and returns them. It costs O(waiters).
 func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*entry) {
+	b := q.build(now, alive) // as in promote
 	w := &q.waits
 	next := int64(math.MaxInt64)
 	for _, t := range append([]*waitTenant(nil), w.order...) {
@@ -189,13 +194,14 @@ func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*ent
 			}
 			if e.deadline <= now || !alive(e) {
 				w.remove(e)
-				dropped = append(dropped, e)
+				b.dropped = append(b.dropped, e)
 				continue
 			}
 			next = min(next, e.deadline)
 		}
 	}
 	w.minDeadline = next
+	_, dropped = q.built()
 	return dropped
 }
 

@@ -102,6 +102,7 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 		return admission{down: true}
 	}
 	var a admission
+	defer d.rescue(&a.dropped)
 	resume := false
 	if d.q.s.strict {
 		if a.paused, resume = d.q.checkPaused(e, now); a.paused != nil {
@@ -125,6 +126,11 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 				if a.evicted = d.q.evictFor(e); a.evicted != nil {
 					a.waiting = d.q.wait(e)
 				}
+			}
+			if !a.waiting {
+				// What refuses it now is the waiting list's bound,
+				// QueueMax waiters, whatever kept it from the queue.
+				a.reason = messages.FullEntries
 			}
 		}
 	}
@@ -289,10 +295,11 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 		return nil, nil
 	}
 	batch, groups, dropped := d.q.take(now, d.alive)
-	if d.q.waits.n > 0 {
-		dropped = append(dropped, d.q.promote(now, d.alive)...)
-	}
 	if len(batch) == 0 {
+		if d.q.waits.n > 0 {
+			defer d.rescue(&dropped)
+			dropped = append(dropped, d.q.promote(now, d.alive)...)
+		}
 		return nil, dropped
 	}
 	if d.lim != nil {
@@ -306,8 +313,26 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 	// No caller waits past the latest deadline, so neither does the request.
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, deadline))
 	f := &inflight{entries: batch, claims: make([]atomic.Bool, len(batch)), groups: groups, ctx: ctx, cancel: cancel, trigger: trigger}
+	// Registered before promote asks the waiters' callers (their code may
+	// panic): the restart finds the batch among the running ones.
 	d.running[f] = struct{}{}
+	if d.q.waits.n > 0 {
+		defer d.rescue(&dropped)
+		dropped = append(dropped, d.q.promote(now, d.alive)...)
+	}
 	return f, dropped
+}
+
+// rescue, deferred by a method that gathers entries the queue removed,
+// keeps them where the restart finds them if a caller's code (alive)
+// panics before the method hands them out, marks the incarnation down and
+// lets the panic go on. d.mu must be held.
+func (d *dispatch) rescue(removed *[]*entry) {
+	if r := recover(); r != nil {
+		d.down = true
+		d.q.keep(*removed)
+		panic(r)
+	}
 }
 
 // inherited reports whether request goroutines of an incarnation that
@@ -324,7 +349,9 @@ func (d *dispatch) inherited() bool {
 func (d *dispatch) sweep(now int64) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dropped := d.q.sweep(now, d.alive)
+	var dropped []*entry
+	defer d.rescue(&dropped)
+	dropped = d.q.sweep(now, d.alive)
 	if d.q.waits.n > 0 {
 		dropped = append(dropped, d.q.sweepWaiters(now, d.alive)...)
 		dropped = append(dropped, d.q.promote(now, d.alive)...)
