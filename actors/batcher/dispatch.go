@@ -349,6 +349,9 @@ func (d *dispatch) inherited() bool {
 func (d *dispatch) sweep(now int64) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.down {
+		return nil // the queue may be half changed; the restart answers it
+	}
 	var dropped []*entry
 	defer d.rescue(&dropped)
 	dropped = d.q.sweep(now, d.alive)

@@ -101,6 +101,9 @@ type queue struct {
 	// still finds it.
 	building *batchBuilder
 	builder  batchBuilder
+	// kept holds entries removed from the queue whose answer a panic
+	// interrupted (see keep): drainAll returns them.
+	kept []*entry
 
 	paused pauses   // StrictGroups: the groups paused after a failure
 	waits  waitlist // WhenFull Block: deliveries waiting for room
@@ -272,6 +275,10 @@ type batchBuilder struct {
 
 // build starts the batch a take builds.
 func (q *queue) build(now int64, alive func(*entry) bool) *batchBuilder {
+	if b := q.building; b != nil {
+		// A build a panic ended: what it had removed waits for drainAll.
+		q.kept = append(append(q.kept, b.batch...), b.dropped...)
+	}
 	q.builder = batchBuilder{now: now, alive: alive}
 	q.building = &q.builder
 	return q.building
@@ -288,14 +295,7 @@ func (q *queue) built() (batch, dropped []*entry) {
 // where drainAll finds them: a panic is on its way, and the restart answers
 // everything drainAll returns.
 func (q *queue) keep(removed []*entry) {
-	if len(removed) == 0 {
-		return
-	}
-	if q.building == nil {
-		q.builder = batchBuilder{}
-		q.building = &q.builder
-	}
-	q.building.dropped = append(q.building.dropped, removed...)
+	q.kept = append(q.kept, removed...)
 }
 
 // offer looks at l's head, which must be live: an abandoned head is removed
@@ -460,6 +460,8 @@ func (q *queue) drainAll() []*entry {
 		all = append(append(all, b.batch...), b.dropped...)
 		q.building = nil
 	}
+	all = append(all, q.kept...)
+	q.kept = nil
 	return all
 }
 
