@@ -132,7 +132,10 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 			// Typically under 25 ms; the bound only tells an answer from a
 			// wait for the deadline on a loaded machine.
 			assert.Less(t, took, timeout/2, "answered at once, not at the deadline")
-			assert.Zero(t, inst.Stats().Queued, "nothing stays queued")
+			// The counters are the actor's to publish: a request goroutine
+			// that took the batch for its slot answers before the actor
+			// has seen it go.
+			assert.Eventually(t, func() bool { return inst.Stats().Queued == 0 }, 5*time.Second, time.Millisecond, "nothing stays queued")
 			if !tc.sends {
 				assert.Equal(t, batches, sqsEnv.Proxy.Batches.Load(), "no SendMessageBatch was made")
 				assert.Equal(t, publishes, psEnv.Publishes.Load(), "no Publish was made")
