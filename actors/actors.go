@@ -271,9 +271,11 @@ func (i *Instance) Stats() Stats {
 // answered with ErrStopped before Stop returns (protoactor would drop a
 // stopped actor's mailbox silently), in-flight requests are cancelled, and
 // Stop returns an error wrapping ctx.Err(). That last answering takes a
-// moment, not a request; only a codec stuck in Size or Validate can hold it
-// up, and Stop waits for that at most 5s more. Stop may be called more than
-// once; later calls wait for the first.
+// moment, not a request. Only a codec stuck in Size or Validate can hold it
+// up: Stop then waits 5s for the mailboxes, logs an error naming what is
+// lost (the deliveries still in that batcher's mailbox), and waits at most
+// protoactor's 10s for the stuck batcher to stop. Stop may be called more
+// than once; later calls wait for the first.
 func (i *Instance) Stop(ctx context.Context) error {
 	err := i.sup.Stop(ctx)
 	i.waiters.close()

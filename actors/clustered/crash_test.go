@@ -34,14 +34,7 @@ func (m *member) crash(t testing.TB) {
 // missing at the server, and deliveries succeed again once the provider
 // drops it.
 func TestCrash(t *testing.T) {
-	pool := names(24)
-	w := newWatched(t, 20*time.Millisecond, pool...)
-	c := newManaged(t, 3)
-	dests := c.pick(pool, 2, 3, 0, 1, 2)
-	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
-	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o), c.start(t, 2, pool, o)}
-	t.Cleanup(func() { leaveAll(t, ms) })
-	waitMembers(t, ms, 3)
+	w, dests, ms := threeMembers(t, 20*time.Millisecond)
 
 	l := startLoad(ms[:2], dests, 2, 2)
 	l.waitSuccesses(t, 300)

@@ -56,14 +56,7 @@ func TestJoinHandsOff(t *testing.T) {
 // which it owned. No group ever has two requests in flight, order holds,
 // every delivery succeeds, nothing acknowledged is missing.
 func TestLeaveHandsOff(t *testing.T) {
-	pool := names(24)
-	w := newWatched(t, 300*time.Millisecond, pool...)
-	c := newManaged(t, 3)
-	dests := c.pick(pool, 2, 3, 0, 1, 2)
-	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
-	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o), c.start(t, 2, pool, o)}
-	t.Cleanup(func() { leaveAll(t, ms) })
-	waitMembers(t, ms, 3)
+	w, dests, ms := threeMembers(t, 300*time.Millisecond)
 
 	l := startLoad(ms[:2], dests, 2, 4)
 	l.waitSuccesses(t, 200)
@@ -86,3 +79,20 @@ func TestLeaveHandsOff(t *testing.T) {
 }
 
 var _ = context.Background
+
+// threeMembers starts three automanaged members on loopback, with a
+// watched Pub/Sub fake whose requests take latency, and returns the fake,
+// the destinations picked so that each member owns some, and the members,
+// which leave when the test ends.
+func threeMembers(t *testing.T, latency time.Duration) (*watched, []string, []*member) {
+	t.Helper()
+	pool := names(24)
+	w := newWatched(t, latency, pool...)
+	c := newManaged(t, 3)
+	dests := c.pick(pool, 2, 3, 0, 1, 2)
+	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
+	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o), c.start(t, 2, pool, o)}
+	t.Cleanup(func() { leaveAll(t, ms) })
+	waitMembers(t, ms, 3)
+	return w, dests, ms
+}

@@ -34,19 +34,11 @@ var (
 // unfixed are the features that find bugs main has not fixed yet, and the
 // checks that fail because of them: the default run leaves them out, so that
 // it finds the next bug rather than these again. Run with -adversary.unfixed
-// to see them fail; delete an entry when its fix lands.
+// to see them fail; delete an entry when its fix lands. A focused test of
+// such a bug skips itself unless *flagUnfixed, the same way.
 var unfixed = map[string]string{
 	// An entry reads: "feature": "what it finds (the check that fails)".
 	// None at present.
-}
-
-// skipUnfixed skips a focused test of a bug main has not fixed yet, unless
-// -adversary.unfixed is set.
-func skipUnfixed(t *testing.T, why string) {
-	t.Helper()
-	if !*flagUnfixed {
-		t.Skip("bug: " + why + " — not fixed on main yet; run with -adversary.unfixed")
-	}
 }
 
 // features can each be left out with -adversary.skip, to look past a known
