@@ -232,6 +232,8 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 		return q.takeOneGroup(now, alive)
 	}
 	b := q.build(now, alive)
+	// The batch's one allocation: it takes at most this many.
+	b.batch = make([]*entry, 0, min(q.s.maxEntries, q.ready))
 	for len(b.batch) < q.s.maxEntries && q.ring != nil {
 		t := q.ring
 		l := t.lanes
@@ -340,6 +342,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 	}
 	t := q.ring
 	if l := t.lanes; l.grouped {
+		b.batch = make([]*entry, 0, min(q.s.maxEntries, l.live))
 		l.inBatch = true
 		for len(b.batch) < q.s.maxEntries && l.live > 0 {
 			if _, full := q.offer(b, l); full {
@@ -361,6 +364,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 			groups = []*lane{l}
 		}
 	} else {
+		b.batch = make([]*entry, 0, min(q.s.maxEntries, q.ready))
 		for misses := 0; len(b.batch) < q.s.maxEntries && q.ring != nil && misses < q.ringLen; {
 			t := q.ring
 			p := &t.plain
