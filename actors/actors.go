@@ -209,13 +209,14 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		timeout = w.after(i.timeout)
 		defer w.disarm()
 	}
-	// One allocation holds the call's Deliver, its sender PID and the
-	// Direct that names both to the batcher. It is never pooled: an
-	// abandoned call's record lives on until the batcher lets it go.
+	// One allocation holds the call's Deliver, its sender PID, the Direct
+	// that names both to the batcher and the room for the batcher's entry.
+	// It is never pooled: an abandoned call's record lives on until the
+	// batcher lets it go.
 	rec := &call{deliver: messages.Deliver{Codec: c, Message: m, Deadline: deadline}}
 	sender := &rec.sender
 	w.begin(sender, i.system.Address())
-	rec.direct = batcher.Direct{Listener: w, Sender: sender}
+	rec.direct = batcher.Direct{Listener: w, Sender: sender, Room: &rec.room}
 	d := &rec.deliver
 	d.Ref = &rec.direct
 	if i.tracing {
@@ -246,6 +247,7 @@ type call struct {
 	deliver messages.Deliver
 	sender  actor.PID
 	direct  batcher.Direct
+	room    batcher.Room
 }
 
 // PID is where actors send *messages.Deliver, with ctx.Request or a future,

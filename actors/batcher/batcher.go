@@ -281,7 +281,8 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(c, codec.Result{Err: err})
 		return
 	}
-	e := &entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now}
+	e := entryFor(d)
+	*e = entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now}
 	// Room held by callers that gave up is not room: look for them when one
 	// may have (a deadline passed, a Deliver caller cancelled), and at most
 	// every fullSweepEvery otherwise, for the actor callers that stopped

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/trace"
@@ -45,6 +46,28 @@ type Direct struct {
 	// Sender is who is answered when the Deliver arrives without an
 	// envelope (the front door sends it so): the PID handed to Listener.
 	Sender *actor.PID
+	// Room, if set, is where the batcher that admits the Deliver keeps its
+	// entry, so that the front door allocates a call's record and its entry
+	// at once. Nil: the batcher allocates the entry.
+	Room *Room
+}
+
+// Room is memory for one delivery's entry, allocated with the call that
+// sends it. Only the first batcher to admit a Deliver naming it takes it
+// (the Deliver is sent once, but a Deliver copied or sent again must not
+// share an entry); any later one allocates its own.
+type Room struct {
+	taken atomic.Bool
+	e     entry
+}
+
+// entryFor is where d's entry goes: the Room its Direct names, if this is
+// the first claim on it, else a new entry.
+func entryFor(d *messages.Deliver) *entry {
+	if r, ok := d.Ref.(*Direct); ok && r.Room != nil && r.Room.taken.CompareAndSwap(false, true) {
+		return &r.Room.e
+	}
+	return new(entry)
 }
 
 // SenderOf is who a Deliver is answered to: the sender of its envelope, or,
