@@ -89,10 +89,32 @@ const fullSweepEvery = 10 * time.Millisecond
 // lets done messages and ticks pass the deliveries waiting in it: they start
 // requests for slots that no request goroutine took on, report idleness and
 // end a drain, none of which should queue behind a burst of deliveries.
+//
+// Each incarnation reads the depth of that one mailbox (it outlives
+// restarts), to run advance once per run of deliveries instead of once each.
 func Props(p *Params) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p} },
-		actor.WithMailbox(actor.UnboundedPriorityMpsc()))
+	box := new(mailboxRef)
+	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p, box: box} },
+		actor.WithMailbox(func() actor.Mailbox {
+			// protoactor produces the actor, then its mailbox, on the
+			// spawning goroutine, before the first message is posted.
+			box.m = actor.UnboundedPriorityMpsc()()
+			return box.m
+		}))
 }
+
+// mailboxRef is the mailbox of one spawned batcher, shared by its
+// incarnations.
+type mailboxRef struct{ m actor.Mailbox }
+
+// pending reports whether user messages wait in the mailbox: each will run
+// Receive, so advance may wait for the last of them.
+func (r *mailboxRef) pending() bool { return r != nil && r.m != nil && r.m.UserMessageCount() > 0 }
+
+// maxDeferred bounds the deliveries handled in a row without advance: a
+// mailbox that never empties still sees its timer re-armed, its counters
+// published and its expired entries answered that often.
+const maxDeferred = 32
 
 // Batcher is the actor that owns one destination's queue. It admits
 // deliveries, decides when a batch goes out, starts a request goroutine for
@@ -102,8 +124,9 @@ func Props(p *Params) *actor.Props {
 // fields set in Started are read by the goroutines too and never change;
 // every other field is touched by the actor alone.
 type Batcher struct {
-	p *Params
-	d *dispatch
+	p   *Params
+	d   *dispatch
+	box *mailboxRef // nil in tests that drive a Batcher without an actor
 
 	// Set in Started, never changed.
 	system    *actor.ActorSystem
@@ -124,6 +147,7 @@ type Batcher struct {
 	idleReportedAt uint64 // the Received count of the last Idle
 	idleReportTime int64
 	drainedSent    bool
+	deferred       int    // deliveries handled since the last advance
 	cancelsSeen    uint64 // Params.Cancels at the last sweep for room
 	lastFullSweep  int64
 	// The delivery being handled, until it is queued or answered: a panic
@@ -156,7 +180,14 @@ func (b *Batcher) receive(ctx actor.Context) {
 	b.now = time.Now().UnixNano()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
-		b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
+		quiet := b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
+		// A delivery queued with no batch due changes nothing advance
+		// would act on now but the counters and the timer: while more
+		// messages wait, the last of them runs it (see maxDeferred).
+		if quiet && b.deferred < maxDeferred && b.box.pending() {
+			b.deferred++
+			return
+		}
 	case *done:
 	case *tick:
 		b.armed = 0
@@ -180,7 +211,10 @@ func (b *Batcher) receive(ctx actor.Context) {
 		b.end(messages.ErrStopped)
 		return
 	default:
-		return
+		if b.deferred == 0 {
+			return
+		}
+		// The advance a delivery left to this message.
 	}
 	b.advance(ctx)
 }
@@ -212,6 +246,7 @@ func (b *Batcher) end(err error) {
 		return
 	}
 	b.d.markDown()
+	b.deferred = 0
 	b.endFlow(err)
 	b.answerAll(err)
 	if b.timer != nil {
@@ -221,14 +256,16 @@ func (b *Batcher) end(err error) {
 }
 
 // deliver admits one delivery or answers it at once: expired, invalid,
-// too large, refused for fullness, or the incarnation is down.
-func (b *Batcher) deliver(c caller) {
+// too large, refused for fullness, or the incarnation is down. It reports
+// whether the delivery was queued and left no batch due, and nothing else
+// happened: advance then has nothing to do at once.
+func (b *Batcher) deliver(c caller) (quiet bool) {
 	b.p.received++
 	if b.p.aborted {
 		// Stop's context ended: what was still on its way is answered, not
 		// queued.
 		b.reply(c, codec.Result{Err: messages.ErrStopped})
-		return
+		return false
 	}
 	d := c.deliver
 	if l := listenerOf(d); l != nil && c.sender != nil && !l.Listening(c.sender) {
@@ -236,7 +273,7 @@ func (b *Batcher) deliver(c caller) {
 		// not hold room. (A Listener answers at once; asking the process
 		// registry about every other sender would cost each delivery a
 		// lookup, so those are found by the sweeps.)
-		return
+		return false
 	}
 	// c stays current until it is queued or answered: if a panic comes in
 	// between (the Recorder is user code), the restart answers it.
@@ -279,7 +316,7 @@ func (b *Batcher) deliver(c caller) {
 	if err != nil {
 		b.current = caller{}
 		b.reply(c, codec.Result{Err: err})
-		return
+		return false
 	}
 	e := entryFor(d)
 	*e = entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now}
@@ -324,6 +361,7 @@ func (b *Batcher) deliver(c caller) {
 		b.reply(a.evicted.to, codec.Result{Err: b.retryAfter(messages.FullEntries)})
 		b.p.Recorder.Refused(messages.FullEntries)
 	}
+	return a.ok && !a.due && !a.swept && a.resumed == "" && a.evicted == nil
 }
 
 // unixNano is t in Unix nanoseconds, saturated to the int64 range: a
@@ -405,6 +443,7 @@ func (b *Batcher) size(m codec.Message) (n int, err error) {
 // counters, report idleness or the end of a drain, and arm the timer for
 // the next thing that will be due without a message.
 func (b *Batcher) advance(ctx actor.Context) {
+	b.deferred = 0
 	launched, dropped, st := b.d.step(b.now, b.launched[:0])
 	// The goroutines first: they are counted already, and answering the
 	// dropped entries calls the callers' code, which may panic.

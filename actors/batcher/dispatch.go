@@ -88,6 +88,8 @@ type admission struct {
 	evicted *entry
 	// pausedRefused is the group a refusal paused (StrictGroups).
 	pausedRefused string
+	// due: a batch is due now (set when ok).
+	due bool
 }
 
 // admit queues e at now. When e does not fit, it sweeps the queue for room
@@ -139,6 +141,9 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if resume && (a.ok || a.waiting) {
 		d.q.resume(e.msg.Group)
 		a.resumed = e.msg.Group
+	}
+	if a.ok {
+		_, a.due = d.q.due(now)
 	}
 	if d.q.s.strict {
 		// A refused delivery (or the waiter that gave its place) pauses
