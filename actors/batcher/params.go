@@ -53,6 +53,11 @@ type Params struct {
 	drain        *Drain       // Stop's drain, once begun: a restart does not end it
 	aborted      bool         // Stop's context ended: every delivery is answered ErrStopped, across restarts too
 	incarnations uint64       // incarnations of the actor object, across restarts
+	// bufs holds the *buffers of request goroutines that ended, for the
+	// next to start: a busy destination whose goroutines come and go with
+	// its batches would otherwise allocate a batch's worth of messages and
+	// results each time. They are put back cleared (see request).
+	bufs sync.Pool
 	// carried are the paused groups a crashed incarnation leaves to the
 	// next; only the actor touches it.
 	carried pauses

@@ -22,9 +22,13 @@ import (
 // and tells the actor after each.
 func (b *Batcher) run(f *inflight) {
 	defer b.p.Requests.Done()
-	var buf buffers
+	buf, _ := b.p.bufs.Get().(*buffers)
+	if buf == nil {
+		buf = new(buffers)
+	}
+	defer b.p.bufs.Put(buf)
 	for f != nil {
-		report, o := b.request(f, &buf)
+		report, o := b.request(f, buf)
 		// The callers are answered (in request), then the slot handed on,
 		// then the actor told.
 		now := time.Now().UnixNano()
@@ -66,7 +70,9 @@ func (b *Batcher) waited(f *inflight, start int64) {
 }
 
 // buffers are a request goroutine's slices, reused from one of its requests
-// to the next. SendBatch does not keep its batch (see codec.Codec).
+// to the next, and by the destination's next goroutine (Params.bufs). They
+// hold nothing between requests. SendBatch does not keep its batch (see
+// codec.Codec).
 type buffers struct {
 	msgs    []codec.Message
 	results []codec.Result
