@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"unsafe"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -145,7 +146,7 @@ func (c *Codec) send(ctx context.Context, batch []codec.Message, validate func(c
 		// Ids only need to be distinct within the request; the index also
 		// maps the answer back.
 		id, body := &strs[2*i], &strs[2*i+1]
-		*id, *body = strconv.Itoa(i), string(m.Body)
+		*id, *body = strconv.Itoa(i), bodyString(m.Body)
 		e, s := c.entry(id, body, m)
 		entries = append(entries, e)
 		pending[i] = s
@@ -244,6 +245,12 @@ func (c *Codec) entry(id, body *string, m codec.Message) (types.SendMessageBatch
 	}
 	return e, sent{waiting: true, id: *id, body: m.Body, attrs: e.MessageAttributes, sysAttrs: sysAttrs}
 }
+
+// bodyString is b as a string, without copying it: the request only reads
+// it, keeps it no longer than this call, and a message's Body stays
+// unchanged until its request has ended (actors.Instance.Deliver's
+// contract), so the string never changes while it is seen.
+func bodyString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // success checks a successful entry's checksums and makes its Result. Every
 // checksum for what was sent must be there and match: an answer without one
