@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -203,11 +204,12 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 	w := i.waiters.get()
 	defer i.waiters.put(w)
 	deadline, hasDeadline := ctx.Deadline()
-	var timeout <-chan time.Time
-	if !hasDeadline {
-		deadline = time.Now().Add(i.timeout)
-		timeout = w.after(i.timeout)
-		defer w.disarm()
+	if hasDeadline {
+		w.bound(0)
+	} else {
+		now := time.Now()
+		deadline = now.Add(i.timeout)
+		w.bound(addSat(now.UnixNano(), int64(i.timeout)))
 	}
 	// One allocation holds the call's Deliver, its sender PID, the Direct
 	// that names both to the batcher and the room for the batcher's entry.
@@ -224,22 +226,39 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 	}
 	// No envelope: the sender travels in Direct.
 	i.system.Root.Send(i.sup.PID(), d)
-	select {
-	case r := <-w.answer:
-		if r.Err != nil {
-			return codec.Result{}, r.Err
+	var r codec.Result
+	if done := ctx.Done(); done == nil {
+		// A ctx that never ends: the answer, or errNoAnswer from w's
+		// timer at DefaultTimeout, is all there is to wait for.
+		r = <-w.answer
+	} else {
+		select {
+		case r = <-w.answer:
+		case <-done:
+			w.abandon(sender)
+			if ctx.Err() == context.Canceled {
+				i.sup.Cancelled()
+			}
+			return codec.Result{}, ctx.Err()
 		}
-		return r, nil
-	case <-ctx.Done():
-		w.abandon(sender)
-		if ctx.Err() == context.Canceled {
-			i.sup.Cancelled()
-		}
-		return codec.Result{}, ctx.Err()
-	case <-timeout:
-		w.abandon(sender)
-		return codec.Result{}, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
 	}
+	switch {
+	case r.Err == errNoAnswer:
+		return codec.Result{}, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
+	case r.Err != nil:
+		return codec.Result{}, r.Err
+	}
+	return r, nil
+}
+
+// addSat is a+d for a time a and a duration d ≥ 0, saturated at
+// math.MaxInt64: a DefaultTimeout of centuries must not overflow into the
+// past.
+func addSat(a, d int64) int64 {
+	if a > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return a + d
 }
 
 // call is one Deliver call's record: what it sends and who is answered.

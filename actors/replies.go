@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,30 +26,54 @@ type waiter struct {
 	answer chan codec.Result
 	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
 	seq    uint32        // the last RequestId handed out; only its caller touches it
-	// timer is DefaultTimeout for calls whose ctx has no deadline; only its
-	// caller touches it. Reused from call to call, so a call allocates none.
+	// deadline is when the call waiting gives up, in Unix nanoseconds, if
+	// its ctx has no deadline (DefaultTimeout); 0: its ctx bounds it.
+	deadline atomic.Int64
+	// timer ends a call at its deadline (expire). It is armed when a call
+	// needs it and left armed across calls: a deadline never comes earlier
+	// than the one before, so a call whose timer fires no later than its
+	// deadline costs no timer operation, and the caller waits on its answer
+	// alone rather than on a timer channel too. armed is when it fires
+	// next; 0: not armed.
 	timer *time.Timer
+	armed atomic.Int64
 }
 
-// after arms w's timer for d and returns its channel.
-func (w *waiter) after(d time.Duration) <-chan time.Time {
-	if w.timer == nil {
-		w.timer = time.NewTimer(d)
-	} else {
-		w.timer.Reset(d)
+// errNoAnswer is what expire answers a call with: its DefaultTimeout ran
+// out first. Deliver turns it into its own error.
+var errNoAnswer = errors.New("sinkbatch: no answer within DefaultTimeout")
+
+// bound makes the call begun next give up at deadline d (Unix
+// nanoseconds); 0: its ctx bounds it. It must precede begin: expire reads
+// the call, then its deadline.
+func (w *waiter) bound(d int64) {
+	w.deadline.Store(d)
+	if d == 0 {
+		return
 	}
-	return w.timer.C
+	if a := w.armed.Load(); a == 0 || a > d {
+		w.armed.Store(d)
+		w.timer.Reset(time.Duration(d - time.Now().UnixNano()))
+	}
 }
 
-// disarm stops the timer after armed, if any. Draining a tick that fired
-// meanwhile keeps the next call safe even with GODEBUG=asynctimerchan=1,
-// where a stopped timer's channel may still hold one.
-func (w *waiter) disarm() {
-	if w.timer != nil && !w.timer.Stop() {
-		select {
-		case <-w.timer.C:
-		default:
-		}
+// expire runs when the timer fires: it answers the call waiting with
+// errNoAnswer if its deadline has passed, or arms the timer for that
+// deadline. A call that begins meanwhile sees armed at 0 and arms it
+// itself.
+func (w *waiter) expire() {
+	w.armed.Store(0)
+	id, d := w.call.Load(), w.deadline.Load()
+	if id == 0 || d == 0 {
+		return
+	}
+	if now := time.Now().UnixNano(); now < d {
+		w.armed.Store(d)
+		w.timer.Reset(time.Duration(d - now))
+		return
+	}
+	if w.call.CompareAndSwap(id, 0) {
+		w.answer <- codec.Result{Err: errNoAnswer}
 	}
 }
 
@@ -117,6 +142,8 @@ func (p *waiters) get() *waiter {
 	p.mu.Unlock()
 	reg := p.system.ProcessRegistry
 	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan codec.Result, 1)}
+	w.timer = time.AfterFunc(time.Hour, w.expire)
+	w.timer.Stop()
 	reg.Add(w, w.id)
 	return w
 }
@@ -129,6 +156,7 @@ func (p *waiters) put(w *waiter) {
 		return
 	}
 	p.mu.Unlock()
+	w.timer.Stop()
 	p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
 }
 
@@ -140,6 +168,7 @@ func (p *waiters) close() {
 	p.free, p.closed = nil, true
 	p.mu.Unlock()
 	for _, w := range free {
+		w.timer.Stop()
 		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
 	}
 }
