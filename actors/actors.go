@@ -76,7 +76,7 @@ type Instance struct {
 	sup     *supervisor.Supervisor
 	timeout time.Duration
 	metrics *telemetry.OTel // nil without a MeterProvider
-	tracing bool            // Config.TracerProvider is set
+	tracer  trace.Tracer    // from Config.TracerProvider; nil: no spans
 	waiters waiters
 	started atomic.Pointer[supervisor.Supervisor] // sup, for the gauge callback
 }
@@ -112,10 +112,9 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	if cfg.MeterProvider != nil && cfg.Recorder != nil {
 		return nil, fmt.Errorf("sinkbatch: Config.MeterProvider and Config.Recorder are both set; set one")
 	}
-	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout, tracing: cfg.TracerProvider != nil}
-	var tracer trace.Tracer
+	inst := &Instance{system: system, cfg: cfg, timeout: cfg.DefaultTimeout}
 	if cfg.TracerProvider != nil {
-		tracer = cfg.TracerProvider.Tracer(TracerName)
+		inst.tracer = cfg.TracerProvider.Tracer(TracerName)
 	}
 	inst.waiters = waiters{system: system, prefix: "sinkbatch-" + cfg.Name + "$reply"}
 	if cfg.MeterProvider != nil {
@@ -143,7 +142,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 		DefaultTimeout:  cfg.DefaultTimeout,
 		Logger:          cfg.Logger,
 		Recorder:        cfg.Recorder,
-		Tracer:          tracer,
+		Tracer:          inst.tracer,
 	})
 	if err != nil {
 		if inst.metrics != nil {
@@ -221,8 +220,19 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 	rec.direct = batcher.Direct{Listener: w, Sender: sender, Room: &rec.room}
 	d := &rec.deliver
 	d.Ref = &rec.direct
-	if i.tracing {
-		d.SpanContext = trace.SpanContextFromContext(ctx)
+	var span trace.Span
+	if i.tracer != nil {
+		// The create span starts and ends here, on the caller's goroutine,
+		// off the batcher's actor.
+		var tc codec.TraceContext
+		if span, tc = batcher.StartCreate(ctx, i.tracer, i.cfg.Logger); span != nil {
+			rec.direct.Span = span
+			if tc != (codec.TraceContext{}) {
+				d.Message.Trace = tc
+			}
+		} else {
+			d.SpanContext = trace.SpanContextFromContext(ctx)
+		}
 	}
 	// No envelope: the sender travels in Direct.
 	i.system.Root.Send(i.sup.PID(), d)
@@ -236,16 +246,25 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		case r = <-w.answer:
 		case <-done:
 			w.abandon(sender)
+			if span != nil {
+				batcher.AbandonCreate(span, i.cfg.Logger)
+			}
 			if ctx.Err() == context.Canceled {
 				i.sup.Cancelled()
 			}
 			return codec.Result{}, ctx.Err()
 		}
 	}
-	switch {
-	case r.Err == errNoAnswer:
+	if r.Err == errNoAnswer {
+		if span != nil {
+			batcher.AbandonCreate(span, i.cfg.Logger)
+		}
 		return codec.Result{}, fmt.Errorf("sinkbatch: no answer within DefaultTimeout %v: %w", i.timeout, context.DeadlineExceeded)
-	case r.Err != nil:
+	}
+	if span != nil {
+		batcher.EndCreate(span, r, i.cfg.Logger)
+	}
+	if r.Err != nil {
 		return codec.Result{}, r.Err
 	}
 	return r, nil

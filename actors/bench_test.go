@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
@@ -50,6 +51,11 @@ const callers = 1024
 // run makes n calls of call from callers goroutines and returns the time
 // they took.
 func run(n int, call func(ctx context.Context) error) (time.Duration, error) {
+	return runFrom(context.Background(), n, call)
+}
+
+// runFrom is run with every call's ctx made from base.
+func runFrom(base context.Context, n int, call func(ctx context.Context) error) (time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var failed atomic.Value
@@ -60,7 +66,7 @@ func run(n int, call func(ctx context.Context) error) (time.Duration, error) {
 			defer wg.Done()
 			for next.Add(1) <= int64(n) {
 				// Each call has its own deadline, as a dispatch attempt does.
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				ctx, cancel := context.WithTimeout(base, 30*time.Second)
 				err := call(ctx)
 				cancel()
 				if err != nil {
@@ -182,25 +188,36 @@ func BenchmarkOverheadRatio(b *testing.B) {
 // BenchmarkTracingOverhead measures Instance.Deliver with tracing off and
 // with a TracerProvider whose sampler never samples (the spans are started,
 // their context carried, nothing recorded), in alternating rounds of the
-// same run, beside the bare protoactor round trip. It reports
-// never-sampled deliveries/s divided by untraced ones (goal ≥ 0.9), the same
-// for CPU per delivery (untraced ÷ never-sampled), and each against
-// protoactor.
+// same run, beside the bare protoactor round trip. The never-sampled
+// deliveries are made twice: from a ctx without a span, and from one whose
+// span (a remote parent, not sampled) the create spans are children of, as
+// in a traced service. It reports never-sampled deliveries/s divided by
+// untraced ones (goal ≥ 0.9), the same for CPU per delivery (untraced ÷
+// never-sampled), and each against protoactor.
 func BenchmarkTracingOverhead(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	off := newOverheadRigWith(b, actors.Config{Name: "bench-off"})
 	never := newOverheadRigWith(b, actors.Config{Name: "bench-never", TracerProvider: tp})
+	parent := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, Remote: true,
+	}))
 	const round = 20000
-	var base, offT, neverT, offCPU, neverCPU time.Duration
+	var base, offT, neverT, parentT, offCPU, neverCPU, parentCPU time.Duration
 	for range max(b.N/round, 1) {
 		for _, m := range []struct {
+			from     context.Context
 			call     func(context.Context) error
 			sum, cpu *time.Duration
-		}{{off.baseline, &base, nil}, {off.deliver, &offT, &offCPU}, {never.deliver, &neverT, &neverCPU}} {
+		}{
+			{context.Background(), off.baseline, &base, nil},
+			{context.Background(), off.deliver, &offT, &offCPU},
+			{context.Background(), never.deliver, &neverT, &neverCPU},
+			{parent, never.deliver, &parentT, &parentCPU},
+		} {
 			var clock cpuClock
 			clock.read()
-			d, err := run(round, m.call)
+			d, err := runFrom(m.from, round, m.call)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -212,7 +229,9 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	}
 	// Process CPU is steadier than wall time on a shared machine.
 	b.ReportMetric(offCPU.Seconds()/neverCPU.Seconds(), "never/off-cpu")
+	b.ReportMetric(offCPU.Seconds()/parentCPU.Seconds(), "never-child/off-cpu")
 	b.ReportMetric(offT.Seconds()/neverT.Seconds(), "never/off")
+	b.ReportMetric(offT.Seconds()/parentT.Seconds(), "never-child/off")
 	b.ReportMetric(base.Seconds()/offT.Seconds(), "off/protoactor")
 	b.ReportMetric(base.Seconds()/neverT.Seconds(), "never/protoactor")
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -239,4 +241,139 @@ func TestTracingPropagatesToTheConsumer(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, out.Messages, 1)
 	assert.Equal(t, want["aws_sqs"], aws.ToString(out.Messages[0].MessageAttributes[sqs.TraceParentAttribute].StringValue))
+}
+
+// countingProvider wraps a TracerProvider and counts how often each of its
+// spans is ended.
+type countingProvider struct {
+	trace.TracerProvider
+	mu    sync.Mutex
+	spans []*countedSpan
+}
+
+func (p *countingProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return countingTracer{Tracer: p.TracerProvider.Tracer(name, opts...), p: p}
+}
+
+type countingTracer struct {
+	trace.Tracer
+	p *countingProvider
+}
+
+func (t countingTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx, s := t.Tracer.Start(ctx, name, opts...)
+	cs := &countedSpan{Span: s}
+	t.p.mu.Lock()
+	t.p.spans = append(t.p.spans, cs)
+	t.p.mu.Unlock()
+	return trace.ContextWithSpan(ctx, cs), cs
+}
+
+type countedSpan struct {
+	trace.Span
+	ends atomic.Int32
+}
+
+func (s *countedSpan) End(opts ...trace.SpanEndOption) {
+	s.ends.Add(1)
+	s.Span.End(opts...)
+}
+
+// Every create span is ended exactly once, by whoever answers it: the
+// front door's caller (answered, refused at admission, gone before or
+// after its message was sent), or the batcher (an actor's delivery), and
+// when Stop's ctx ends with deliveries queued.
+func TestEveryCreateSpanIsEndedExactlyOnce(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+	tp := &countingProvider{TracerProvider: sdk}
+	system := quietSystem()
+	defer system.Shutdown()
+	inst, err := actors.Start(system, actors.Config{Name: "traced-once", TracerProvider: tp})
+	require.NoError(t, err)
+	c := fakecodec.New("q", lim10)
+	c.Tune = codec.Tuning{Linger: 5 * time.Millisecond}
+	c.SizeHook = func(m codec.Message) int {
+		if string(m.Body) == "too large" {
+			return 2 << 20
+		}
+		return len(m.Body)
+	}
+	held := fakecodec.New("held", codec.Limits{MaxEntries: 100, MaxBytes: 1 << 20})
+	held.Tune = codec.Tuning{Linger: time.Hour}
+	held.Hook = func(ctx context.Context, _ []codec.Message) ([]codec.Result, error) {
+		<-ctx.Done() // until Stop gives up on it
+		return nil, ctx.Err()
+	}
+
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			switch i % 4 {
+			case 0, 1:
+				_, err := inst.Deliver(ctx, c, msg("a", "", fmt.Sprint(i)))
+				assert.NoError(t, err)
+			case 2:
+				_, err := inst.Deliver(ctx, c, msg("a", "", "too large"))
+				assert.ErrorIs(t, err, codec.ErrTooLarge)
+			case 3:
+				// Queued behind an hour's linger; the caller leaves.
+				short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+				defer cancel()
+				_, err := inst.Deliver(short, held, msg("a", "", fmt.Sprint(i)))
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+		}()
+	}
+	for i := range 10 {
+		res, err := quietFuture(t, system, inst, &messages.Deliver{Codec: c, Message: msg("b", "", fmt.Sprint("actor", i))})
+		require.NoError(t, err)
+		require.NoError(t, res.Err)
+	}
+	wg.Wait()
+	// Queued or in flight when Stop's ctx ends.
+	stopped := make([]<-chan result, 5)
+	for i := range stopped {
+		stopped[i] = deliverAsync(inst, held, msg("c", "", fmt.Sprint("stop", i)), 10*time.Second)
+	}
+	require.Eventually(t, func() bool { return inst.Stats().Queued >= 5 }, 5*time.Second, time.Millisecond)
+	stopCtx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	_ = inst.Stop(stopCtx)
+	for _, ch := range stopped {
+		assert.Error(t, await(t, ch).err)
+	}
+
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	creates := 0
+	for _, s := range tp.spans {
+		if s.ends.Load() != 1 {
+			t.Errorf("a span was ended %d times", s.ends.Load())
+		}
+		if strings.HasPrefix(spanName(rec, s), "create") {
+			creates++
+		}
+	}
+	assert.Equal(t, 40+10+5, creates, "one create span per delivery")
+	for _, s := range spansNamed(rec, "create") {
+		if s.Status().Code == codes.Error && strings.Contains(s.Status().Description, "stopped waiting") {
+			assert.True(t, strings.HasPrefix(s.Name(), "create "), "a caller gone after admission still has its destination's name: %q", s.Name())
+		}
+	}
+}
+
+// spanName is the name s was ended with, as rec recorded it.
+func spanName(rec *tracetest.SpanRecorder, s *countedSpan) string {
+	for _, r := range rec.Ended() {
+		if r.SpanContext().SpanID() == s.SpanContext().SpanID() {
+			return r.Name()
+		}
+	}
+	return ""
 }

@@ -285,7 +285,12 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 		// Deliver (it names a Listener) is the batcher's to change; an
 		// actor's is not, so its message is copied.
 		var tc codec.TraceContext
-		if c.span, tc = b.tracing.startCreate(d.SpanContext); c.span != nil {
+		if r, ok := d.Ref.(*Direct); ok && r.Span != nil {
+			// The caller started it and set the message's context.
+			c.span, c.callerEnds = r.Span, true
+			b.current = c
+			b.tracing.admitCreate(c.span)
+		} else if c.span, tc = b.tracing.startCreate(d.SpanContext); c.span != nil {
 			b.current = c
 			if tc != (codec.TraceContext{}) {
 				if listenerOf(d) == nil {

@@ -23,6 +23,9 @@ type caller struct {
 	deliver *messages.Deliver
 	sender  *actor.PID // nil: nobody is answered
 	span    trace.Span // the delivery's create span; nil when the instance does not trace
+	// callerEnds: span is the front door caller's to end (Direct.Span),
+	// not the batcher's.
+	callerEnds bool
 }
 
 // Listener is a reply process that serves many calls, told apart by the
@@ -46,6 +49,10 @@ type Direct struct {
 	// Sender is who is answered when the Deliver arrives without an
 	// envelope (the front door sends it so): the PID handed to Listener.
 	Sender *actor.PID
+	// Span is the delivery's create span, which the caller started
+	// (StartCreate) and ends when answered; nil: the batcher starts one
+	// if the instance traces.
+	Span trace.Span
 	// Room, if set, is where the batcher that admits the Deliver keeps its
 	// entry, so that the front door allocates a call's record and its entry
 	// at once. Nil: the batcher allocates the entry.
@@ -97,7 +104,7 @@ func (b *Batcher) reply(c caller, r codec.Result) {
 	if b.deliveries != nil {
 		b.answered(r.Err)
 	}
-	if c.span != nil {
+	if c.span != nil && !c.callerEnds {
 		b.tracing.endCreate(c.span, r)
 	}
 	if c.sender == nil {
@@ -175,7 +182,7 @@ func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 	for _, e := range dropped {
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
-		} else if e.to.span != nil {
+		} else if e.to.span != nil && !e.to.callerEnds {
 			b.tracing.abandonCreate(e.to.span)
 		}
 	}

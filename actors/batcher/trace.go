@@ -15,8 +15,10 @@ import (
 
 // This file is a batcher's tracing, after the OpenTelemetry messaging
 // conventions (as Google's Pub/Sub client follows them): a create span per
-// delivery (PRODUCER), a child of the caller's span, from its admission to
-// its answer; a send span per request (CLIENT), bisections included, linked
+// delivery (PRODUCER), a child of the caller's span, from the front door's
+// Deliver call (started and ended on the caller's goroutine, which spares
+// the batcher's actor the work) or an actor's delivery's admission to its
+// answer; a send span per request (CLIENT), bisections included, linked
 // to the create spans of its messages, each of which links back to it. The
 // message carries its create span's context to the consumer in
 // codec.Message.Trace, which the codec writes and counts.
@@ -46,8 +48,6 @@ type tracing struct {
 	tracer     trace.Tracer
 	createName string
 	sendName   string
-	createKind []trace.SpanStartOption
-	sendKind   []trace.SpanStartOption
 	create     []attribute.KeyValue
 	send       []attribute.KeyValue
 }
@@ -63,8 +63,6 @@ func newTracing(tracer trace.Tracer, c codec.Codec, sink string, log *slog.Logge
 		tracer:     tracer,
 		createName: "create " + destination,
 		sendName:   "send " + destination,
-		createKind: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)},
-		sendKind:   []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)},
 		create:     append(base[:2:2], attrOpType.String("create"), attrOpName.String("create")),
 		send:       append(base[:2:2], attrOpType.String("send"), attrOpName.String("send")),
 	}
@@ -78,9 +76,59 @@ func (t *tracing) recovered(what string) {
 	}
 }
 
-// startCreate starts a delivery's create span as a child of parent (a new
-// trace when parent is not valid), and returns it with the context its
-// message carries; nil and nothing if the provider panicked.
+// recovered is tracing.recovered for code that has no tracing.
+func recovered(log *slog.Logger, what string) {
+	if r := recover(); r != nil {
+		log.Error("sinkbatch: the TracerProvider panicked", slog.String("in", what), slog.Any("panic", r))
+	}
+}
+
+// createName is the name a create span starts with where its destination
+// is not yet known (the front door's Deliver starts it on the caller's
+// goroutine); the batcher renames a recording one at admission.
+const createName = "create"
+
+// StartCreate starts the create span of a delivery made through the front
+// door's Deliver, on the caller's goroutine, as a child of the span in ctx;
+// it returns the span (nil if tracer panicked, logged to log) and the
+// context its message carries. The caller ends it with EndCreate or
+// AbandonCreate when it is answered or gives up; the batcher that admits
+// the delivery names it after its destination and links it to its send.
+func StartCreate(ctx context.Context, tracer trace.Tracer, log *slog.Logger) (span trace.Span, tc codec.TraceContext) {
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("sinkbatch: the TracerProvider panicked", slog.String("in", "create span start"), slog.Any("panic", r))
+			span, tc = nil, codec.TraceContext{}
+		}
+	}()
+	_, span = tracer.Start(ctx, createName, producer...)
+	return span, traceContext(span.SpanContext())
+}
+
+// EndCreate ends a create span StartCreate started with the delivery's
+// answer.
+func EndCreate(span trace.Span, r codec.Result, log *slog.Logger) {
+	defer recovered(log, "create span end")
+	endCreate(span, r)
+}
+
+// AbandonCreate ends a create span StartCreate started, of a delivery whose
+// caller stopped waiting.
+func AbandonCreate(span trace.Span, log *slog.Logger) {
+	defer recovered(log, "create span end")
+	abandonCreate(span)
+}
+
+// producer and client are the span kinds of create and send spans.
+var (
+	producer = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+	client   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
+// startCreate starts the create span of a delivery an actor sent, as a
+// child of parent (a new trace when parent is not valid), and returns it
+// with the context its message carries; nil and nothing if the provider
+// panicked.
 func (t *tracing) startCreate(parent trace.SpanContext) (span trace.Span, tc codec.TraceContext) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -92,16 +140,30 @@ func (t *tracing) startCreate(parent trace.SpanContext) (span trace.Span, tc cod
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
 	}
-	_, span = t.tracer.Start(ctx, t.createName, t.createKind...)
+	_, span = t.tracer.Start(ctx, t.createName, producer...)
 	if span.IsRecording() {
 		span.SetAttributes(t.create...)
 	}
 	return span, traceContext(span.SpanContext())
 }
 
+// admitCreate names a create span the caller started after the
+// destination that admits it, and gives it the destination's attributes.
+func (t *tracing) admitCreate(span trace.Span) {
+	defer t.recovered("create span admission")
+	if span.IsRecording() {
+		span.SetName(t.createName)
+		span.SetAttributes(t.create...)
+	}
+}
+
 // endCreate ends a create span with the delivery's answer.
 func (t *tracing) endCreate(span trace.Span, r codec.Result) {
 	defer t.recovered("create span end")
+	endCreate(span, r)
+}
+
+func endCreate(span trace.Span, r codec.Result) {
 	if r.Err != nil {
 		span.RecordError(r.Err)
 		span.SetStatus(codes.Error, r.Err.Error())
@@ -115,7 +177,11 @@ func (t *tracing) endCreate(span trace.Span, r codec.Result) {
 // before it was sent: nobody is answered.
 func (t *tracing) abandonCreate(span trace.Span) {
 	defer t.recovered("create span end")
-	span.SetStatus(codes.Error, "the caller stopped waiting before the message was sent")
+	abandonCreate(span)
+}
+
+func abandonCreate(span trace.Span) {
+	span.SetStatus(codes.Error, "the caller stopped waiting for its answer")
 	span.End()
 }
 
@@ -130,7 +196,7 @@ func (t *tracing) startSend(ctx context.Context, trigger telemetry.Trigger, entr
 			ctx, span = in, nil
 		}
 	}()
-	ctx, span = t.tracer.Start(ctx, t.sendName, t.sendKind...)
+	ctx, span = t.tracer.Start(ctx, t.sendName, client...)
 	if span.IsRecording() {
 		span.SetAttributes(t.send...)
 		span.SetAttributes(attrBatchCount.Int(len(entries)), attrFlushTrigger.String(trigger.String()))

@@ -152,12 +152,21 @@ func allZero(s string) bool {
 // id is the W3C one split 8/24 behind the version "1", its parent the span
 // id, Sampled the traceparent's sampled flag.
 func xrayHeader(traceparent string) string {
-	sampled := 0
+	sampled := byte('0')
 	if flags := traceparent[53:55]; hexDigit(flags[1])&1 == 1 {
-		sampled = 1
+		sampled = '1'
 	}
-	return fmt.Sprintf("Root=1-%s-%s;Parent=%s;Sampled=%d",
-		traceparent[3:11], traceparent[11:35], traceparent[36:52], sampled)
+	// One allocation, no fmt: this runs for every message sent.
+	b := make([]byte, 0, awsTraceHeaderLen)
+	b = append(b, "Root=1-"...)
+	b = append(b, traceparent[3:11]...)
+	b = append(b, '-')
+	b = append(b, traceparent[11:35]...)
+	b = append(b, ";Parent="...)
+	b = append(b, traceparent[36:52]...)
+	b = append(b, ";Sampled="...)
+	b = append(b, sampled)
+	return string(b)
 }
 
 func hexDigit(b byte) byte {

@@ -230,6 +230,15 @@ type spanRec struct {
 	ends    atomic.Int32
 	msgID   atomic.Pointer[string]
 	body    atomic.Pointer[string] // the body id of the message that carried it (create spans)
+	renamed atomic.Pointer[string] // the name SetName gave it
+	sampled bool                   // its sampler records it
+}
+
+// isCreate reports whether a span started as name is a create span: the
+// batcher names it after its destination, the front door's Deliver starts
+// it as "create" (and the batcher renames it at admission if it records).
+func isCreate(name string) bool {
+	return name == "create" || strings.HasPrefix(name, "create ")
 }
 
 type countedSpan struct {
@@ -249,7 +258,7 @@ func (p *countingProvider) Tracer(name string, opts ...trace.TracerOption) trace
 func (t *countingTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	parent := trace.SpanContextFromContext(ctx)
 	ctx, span := t.Tracer.Start(ctx, name, opts...)
-	rec := &spanRec{name: name, sc: span.SpanContext(), parent: parent, started: time.Now()}
+	rec := &spanRec{name: name, sc: span.SpanContext(), parent: parent, started: time.Now(), sampled: span.IsRecording()}
 	t.p.mu.Lock()
 	if _, dup := t.p.spans[rec.sc.SpanID()]; dup {
 		t.p.r.violate("span-id-reused", "span %s started twice", rec.sc.SpanID())
@@ -266,6 +275,11 @@ func (s *countedSpan) End(opts ...trace.SpanEndOption) {
 		s.p.r.violate("span-ended-twice", "span %q %s ended %d times", s.rec.name, s.rec.sc.SpanID(), n)
 	}
 	s.Span.End(opts...)
+}
+
+func (s *countedSpan) SetName(name string) {
+	s.rec.renamed.Store(&name)
+	s.Span.SetName(name)
 }
 
 func (s *countedSpan) SetAttributes(kv ...attribute.KeyValue) {
@@ -305,8 +319,11 @@ func (d *dest) checkTrace(m codec.Message) {
 	case rec == nil:
 		r.violate("trace-unknown-span", "%s: message %s carries span %s, which the instance never started", d.name, bodyID(m), sid)
 		return
-	case !strings.HasPrefix(rec.name, "create "):
+	case !isCreate(rec.name):
 		r.violate("trace-not-create", "%s: message %s carries span %q", d.name, bodyID(m), rec.name)
+		return
+	case rec.name == "create" && rec.sampled && (rec.renamed.Load() == nil || !strings.HasPrefix(*rec.renamed.Load(), "create ")):
+		r.violate("trace-create-unnamed", "%s: message %s was admitted, but its recorded create span is not named after its destination", d.name, bodyID(m))
 	case rec.sc.TraceID() != tid || rec.sc.IsSampled() != sampled:
 		r.violate("trace-mismatch", "%s: message %s carries %q; its create span is %s sampled %v", d.name, bodyID(m), m.Trace.Parent, rec.sc.TraceID(), rec.sc.IsSampled())
 	case m.Trace.State != rec.sc.TraceState().String():
@@ -369,7 +386,7 @@ func (r *round) checkTelemetry() {
 		spans := r.tp.order
 		r.tp.mu.Unlock()
 		for _, s := range spans {
-			if !strings.HasPrefix(s.name, "create ") {
+			if !isCreate(s.name) {
 				continue
 			}
 			r.spans.create++

@@ -45,7 +45,7 @@ func (s *panickySampler) Description() string { return "panicky" }
 // its current one, so nobody answered it. Now the panic costs the span: the
 // delivery is sent without one and answered.
 func TestTracerPanicInCreateLosesTheDelivery(t *testing.T) {
-	s := &panickySampler{prefix: "create "}
+	s := &panickySampler{prefix: "create"}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(s))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	system, inst := testinst.Start(t, actors.Config{Name: "tracepanic", TracerProvider: tp})
