@@ -85,7 +85,9 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	rc := remote.Configure(host, o.port, o.remote...)
+	// As the package doc advises: protoactor's default preallocates 16 MB
+	// of pointers per connection, which every GC scans.
+	rc := remote.Configure(host, o.port, append([]remote.ConfigOption{remote.WithEndpointWriterQueueSize(1 << 10)}, o.remote...)...)
 	if o.retries > 0 {
 		rc.MaxRetryCount = o.retries
 	}

@@ -86,9 +86,11 @@ func TestMessageRoundTrip(t *testing.T) {
 		Attributes: map[string]string{"a": "1", "b": "2"},
 		Trace:      codec.TraceContext{Parent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", State: "x=y"},
 	}
-	b, err := proto.Marshal(toWire(m))
+	var r clusterpb.DeliverRequest
+	toWire(&r, m)
+	b, err := proto.Marshal(&r)
 	require.NoError(t, err)
-	var w clusterpb.Message
+	var w clusterpb.DeliverRequest
 	require.NoError(t, proto.Unmarshal(b, &w))
 	assert.Equal(t, m, fromWire(&w))
 }
