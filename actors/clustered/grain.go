@@ -279,7 +279,7 @@ func (g *grain) admit(b parked, a *admitted) {
 		Message:     fromWire(b.req),
 		Deadline:    b.deadline,
 		Ref:         &a.direct,
-		SpanContext: spanFromWire(b.req.Parent),
+		SpanContext: spanFromWire(b.req.Parent, b.sender != nil && b.sender.Address != n.system.Address()),
 	}
 	n.ledger.admit(g.destination)
 	// No envelope: the instance answers the Direct's Listener.

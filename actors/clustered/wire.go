@@ -170,14 +170,14 @@ func spanToWire(sc trace.SpanContext) *clusterpb.SpanContext {
 	return &clusterpb.SpanContext{TraceId: tid[:], SpanId: sid[:], Flags: uint32(sc.TraceFlags()), State: sc.TraceState().String()}
 }
 
-// spanFromWire is the span context w carries, marked remote; the zero
-// SpanContext when w is nil or malformed (the delivery then starts a new
-// trace).
-func spanFromWire(w *clusterpb.SpanContext) trace.SpanContext {
+// spanFromWire is the span context w carries, marked remote if it came from
+// another member; the zero SpanContext when w is nil or malformed (the
+// delivery then starts a new trace).
+func spanFromWire(w *clusterpb.SpanContext, remote bool) trace.SpanContext {
 	if w == nil || len(w.TraceId) != len(trace.TraceID{}) || len(w.SpanId) != len(trace.SpanID{}) {
 		return trace.SpanContext{}
 	}
-	cfg := trace.SpanContextConfig{TraceFlags: trace.TraceFlags(w.Flags), Remote: true}
+	cfg := trace.SpanContextConfig{TraceFlags: trace.TraceFlags(w.Flags), Remote: remote}
 	copy(cfg.TraceID[:], w.TraceId)
 	copy(cfg.SpanID[:], w.SpanId)
 	if ts, err := trace.ParseTraceState(w.State); err == nil {
