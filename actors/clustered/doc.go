@@ -95,13 +95,16 @@
 //
 // A member crashes: what it held is answered ErrUnreachable as soon as the
 // provider drops the member from the topology or protoactor loses its
-// connection, at the callers' deadlines at the latest; it may have been sent. Nothing acknowledged is lost (an answer
-// is sent only after the destination accepted the message). Deliveries to
-// its destinations succeed again once the provider drops it: the new owner
-// does not wait for a member that is no longer in its topology (TestCrash).
-// A batch the crashed member had in flight may still reach the destination
-// while the new owner sends the same group: a crash can break "one request
-// of a group in flight" for the duration of that request.
+// connection, at the callers' deadlines at the latest; it may have been
+// sent. Nothing acknowledged is lost (an answer is sent only after the
+// destination accepted the message), and a caller's acknowledged messages
+// stay in its order. Deliveries to its destinations succeed again once the
+// provider drops it: the new owner does not wait for a member that is no
+// longer in its topology (TestCrash). A batch the crashed member had in
+// flight may still reach the destination while the new owner sends the same
+// group: a crash can break "one request of a group in flight" for the
+// duration of that request, and a message answered ErrUnreachable can land
+// after its caller's next one.
 //
 // A network partition that the provider does not see as one (each side
 // still lists the other, or each side's provider drops the other) can let

@@ -189,10 +189,11 @@ func (o *outgoing) take() *clusterpb.DeliverBatch {
 	n := o.n
 	now := time.Now()
 	p := n.outboxes.take(o)
-	if p == nil {
-		return &clusterpb.DeliverBatch{Destination: o.box.destination}
+	var all []queuedDelivery
+	if p != nil {
+		all = *p
 	}
-	all := *p
+	// Even an empty batch goes through carry, which ends its call.
 	queued := n.calls.carry(o.call, all, now)
 	b := &clusterpb.DeliverBatch{Destination: o.box.destination, Requests: make([]*clusterpb.DeliverRequest, len(queued))}
 	reqs := make([]clusterpb.DeliverRequest, len(queued))
@@ -202,9 +203,11 @@ func (o *outgoing) take() *clusterpb.DeliverBatch {
 		r.BudgetNanos, r.Call, r.Parent = int64(q.deadline.Sub(now)), q.call, q.parent
 		b.Requests[i] = r
 	}
-	clear(all)
-	*p = all[:0]
-	pendingPool.Put(p)
+	if p != nil {
+		clear(all)
+		*p = all[:0]
+		pendingPool.Put(p)
+	}
 	return b
 }
 
