@@ -273,7 +273,7 @@ func (g *grain) admit(b parked, a *admitted) {
 	n := g.n
 	a.n, a.destination, a.replyTo = n, g.destination, b.sender
 	a.reply.Call = b.req.Call
-	a.direct = batcher.Direct{Listener: a, Sender: n.PID()}
+	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
 	a.deliver = messages.Deliver{
 		Codec:       g.codec,
 		Message:     fromWire(b.req),
@@ -287,8 +287,8 @@ func (g *grain) admit(b parked, a *admitted) {
 }
 
 // admitted is a delivery a grain handed to the local instance: its Deliver,
-// whom to answer, and the answer. One allocation holds them all (one per
-// batch: see deliverBatch). It is the Listener of
+// whom to answer, the answer, and room for the batcher's entry. One
+// allocation holds them all (one per batch: see deliverBatch). It is the Listener of
 // its own Deliver: the batcher answers it directly, and the instance's
 // other answers (a refusal while it stops) reach it through the endpoint
 // as a *messages.Delivered whose Ref is its Direct.
@@ -300,6 +300,7 @@ type admitted struct {
 	answered    atomic.Bool
 	direct      batcher.Direct
 	deliver     messages.Deliver
+	room        batcher.Room // the batcher's entry for the delivery
 }
 
 // Listening is true: the caller, on another member, stops waiting at the
