@@ -47,7 +47,8 @@
 
 // A caller retries by itself only what was certainly not admitted: a grain
 // that answered "not the owner", a grain that is gone (dead letter), a member
-// it could not dial. It never retries past its deadline, and never retries a
+// it could not dial, a delivery still waiting to be written when its owner
+// was cut off. It never retries past its deadline, and never retries a
 // request that may have been admitted. Such a request's silence until the
 // deadline, or its member leaving the cluster first, is answered
 // ErrUnreachable (wrapping ctx.Err() when the deadline was the cause): the
