@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
@@ -24,76 +25,247 @@ const (
 	maxBackoff = 100 * time.Millisecond
 )
 
-// memberLeft answers a call whose target left the cluster.
+// memberLeft answers a call whose target left the cluster: a request or a
+// delivery that may have reached it.
 type memberLeft struct{}
 
-// calls are a node's requests waiting for an answer, told apart by the
-// RequestId of the sender PID each one hands out (the endpoint's PID): a
-// reply, a dead letter for the request, or the target leaving the
-// cluster. Safe for concurrent use.
+// notSent answers a delivery that was never written to its owner: it waited
+// in an outbox whose owner left, or whose batch message came back as a dead
+// letter before it was written.
+type notSent struct{}
+
+// calls are a node's requests and deliveries waiting for an answer, and
+// the batch messages it posted, each told apart by a number: the RequestId
+// of the sender PID a request or a post hands out (the endpoint's PID), or
+// the call of a DeliverRequest. Safe for concurrent use.
 type calls struct {
 	mu  sync.Mutex
 	seq uint32
 	m   map[uint32]*call
 }
 
-// call is one request waiting for its answer.
+// call is one request, delivery or post waiting for its answer.
 type call struct {
-	target string   // the member it was sent to
-	answer chan any // receives exactly one answer
+	target string // the member it was sent to
+	// answer receives exactly one answer; nil for a post.
+	answer chan any
+
+	// A delivery is queued in an outbox until a batch takes it; batch is
+	// then that batch's call, registered under batchID.
+	queued  bool
+	batch   *call
+	batchID uint32
+
+	// A post is an *outgoing or an *outgoingReplies. A batch that was
+	// taken keeps the calls of the deliveries it carries (left of them
+	// still wait), for its dead letter to answer; it ends when one of them
+	// is answered with a DeliverReply (the batch reached its grain, so no
+	// dead letter will follow) or when none waits any more.
+	post    any
+	taken   bool
+	carried []uint32
+	left    int
 }
 
-// begin registers a call to target and returns its request id.
-func (cs *calls) begin(target string) (uint32, *call) {
-	c := &call{target: target, answer: make(chan any, 1)}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
+// callPool recycles the calls of requests and deliveries, answer channel
+// included: one is put back only once nobody can send on its channel any
+// more (see Node.wait).
+var callPool = sync.Pool{New: func() any { return &call{answer: make(chan any, 1)} }}
+
+// newCall is a call to target from callPool.
+func newCall(target string, queued bool) *call {
+	c := callPool.Get().(*call)
+	c.target, c.queued = target, queued
+	return c
+}
+
+// recycle puts c back in callPool; its answer was taken, or will never be
+// sent.
+func recycle(c *call) {
+	c.target, c.queued, c.batch, c.batchID = "", false, nil, 0
+	callPool.Put(c)
+}
+
+// add registers c and returns its number. cs.mu must be held.
+func (cs *calls) add(c *call) uint32 {
 	for {
 		cs.seq++
 		if _, taken := cs.m[cs.seq]; cs.seq != 0 && !taken {
 			cs.m[cs.seq] = c
-			return cs.seq, c
+			return cs.seq
 		}
 	}
 }
 
-// answer ends call id with msg, if it still waits.
-func (cs *calls) answer(id uint32, msg any) {
+// begin registers a request to target and returns its number.
+func (cs *calls) begin(target string) (uint32, *call) {
+	c := newCall(target, false)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.add(c), c
+}
+
+// beginDelivery registers a delivery to target, about to be queued in an
+// outbox, and returns its number.
+func (cs *calls) beginDelivery(target string) (uint32, *call) {
+	c := newCall(target, true)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.add(c), c
+}
+
+// beginPost registers post, about to be sent to target, and returns its
+// number: the RequestId of its sender PID, under which a dead letter for it
+// comes back.
+func (cs *calls) beginPost(target string, post any) uint32 {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.add(&call{target: target, post: post})
+}
+
+// answer ends call id with msg, if it still waits. For a post it returns
+// the post and whether it was taken, answering (taken) the deliveries it
+// carried with msg.
+func (cs *calls) answer(id uint32, msg any) (post any, taken bool) {
 	cs.mu.Lock()
 	c := cs.m[id]
+	if c == nil {
+		cs.mu.Unlock()
+		return nil, false
+	}
 	delete(cs.m, id)
+	if c.post != nil {
+		var waiting []*call
+		for _, d := range c.carried {
+			if dc := cs.m[d]; dc != nil && dc.batch == c {
+				delete(cs.m, d)
+				waiting = append(waiting, dc)
+			}
+		}
+		cs.mu.Unlock()
+		for _, w := range waiting {
+			w.answer <- msg
+		}
+		return c.post, c.taken
+	}
+	if c.batch != nil {
+		if _, reached := msg.(*clusterpb.DeliverReply); reached {
+			cs.endBatch(c)
+		} else {
+			cs.release(c)
+		}
+	}
 	cs.mu.Unlock()
-	if c != nil {
+	c.answer <- msg
+	return nil, false
+}
+
+// endBatch ends the batch delivery c went in. cs.mu must be held.
+func (cs *calls) endBatch(c *call) {
+	if cs.m[c.batchID] == c.batch {
+		delete(cs.m, c.batchID)
+	}
+}
+
+// release counts out delivery c from its batch, which ends once none of
+// its deliveries waits. cs.mu must be held.
+func (cs *calls) release(c *call) {
+	if c.batch == nil {
+		return
+	}
+	c.batch.left--
+	if c.batch.left <= 0 {
+		cs.endBatch(c)
+	}
+}
+
+// end forgets call id, whose caller stopped waiting. It reports whether
+// the call still waited: if not, its answer is on its way.
+func (cs *calls) end(id uint32) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	c := cs.m[id]
+	if c == nil {
+		return false
+	}
+	delete(cs.m, id)
+	cs.release(c)
+	return true
+}
+
+// carry records that batch id takes queued, dropping (in place) the
+// deliveries whose caller stopped waiting or whose deadline passed by now:
+// they are not sent. It returns those it carries.
+func (cs *calls) carry(id uint32, queued []queuedDelivery, now time.Time) []queuedDelivery {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	b := cs.m[id]
+	if b != nil {
+		b.taken = true
+	}
+	kept := queued[:0]
+	for _, q := range queued {
+		c := cs.m[q.call]
+		if c == nil || !c.queued || !q.deadline.After(now) {
+			continue
+		}
+		c.queued = false
+		if b != nil {
+			c.batch, c.batchID = b, id
+			b.carried = append(b.carried, q.call)
+			b.left++
+		}
+		kept = append(kept, q)
+	}
+	if b != nil && b.left == 0 {
+		delete(cs.m, id)
+	}
+	return kept
+}
+
+// failQueued answers with msg the deliveries of queued still waiting in an
+// outbox.
+func (cs *calls) failQueued(queued []queuedDelivery, msg any) {
+	var waiting []*call
+	cs.mu.Lock()
+	for _, q := range queued {
+		if c := cs.m[q.call]; c != nil && c.queued {
+			delete(cs.m, q.call)
+			waiting = append(waiting, c)
+		}
+	}
+	cs.mu.Unlock()
+	for _, c := range waiting {
 		c.answer <- msg
 	}
 }
 
-// end forgets call id, whose caller stopped waiting.
-func (cs *calls) end(id uint32) {
-	cs.mu.Lock()
-	delete(cs.m, id)
-	cs.mu.Unlock()
+// failMember answers every call to address: notSent for a delivery still
+// queued, memberLeft for the rest; posts to it are forgotten.
+func (cs *calls) failMember(address string) {
+	cs.fail(func(c *call) bool { return c.target == address })
 }
 
-// failMember answers every call to address with memberLeft.
-func (cs *calls) failMember(address string) {
+// failAll answers every call as failMember does.
+func (cs *calls) failAll() {
+	cs.fail(func(*call) bool { return true })
+}
+
+func (cs *calls) fail(match func(*call) bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for id, c := range cs.m {
-		if c.target == address {
-			delete(cs.m, id)
+		if !match(c) {
+			continue
+		}
+		delete(cs.m, id)
+		switch {
+		case c.answer == nil:
+		case c.queued:
+			c.answer <- notSent{}
+		default:
 			c.answer <- memberLeft{}
 		}
-	}
-}
-
-// failAll answers every call with memberLeft.
-func (cs *calls) failAll() {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for id, c := range cs.m {
-		delete(cs.m, id)
-		c.answer <- memberLeft{}
 	}
 }
 
@@ -135,6 +307,9 @@ func (p *pidCache) clear() {
 // its message id and, where the destination assigns one, its sequence
 // number.
 func (n *Node) DeliverResult(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
+	if ctx == nil {
+		return codec.Result{}, actors.ErrNilContext
+	}
 	if !n.inflight.enter() {
 		return codec.Result{}, messages.ErrStopped
 	}
@@ -164,7 +339,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	req := &clusterpb.DeliverRequest{Destination: destination, Message: toWire(m)}
+	q := queuedDelivery{deadline: deadline, message: m, parent: spanToWire(trace.SpanContextFromContext(ctx))}
 	backoff := minBackoff
 	for {
 		pid, err := n.resolve(ctx, destination)
@@ -172,11 +347,10 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 			return codec.Result{}, err
 		}
 		if pid != nil {
-			req.BudgetNanos = int64(time.Until(deadline))
-			if req.BudgetNanos <= 0 {
+			if time.Until(deadline) <= 0 {
 				return codec.Result{}, n.unreachable(ctx)
 			}
-			answer, err := n.request(ctx, pid, req)
+			answer, err := n.send(ctx, pid, destination, q)
 			if err != nil {
 				return codec.Result{}, err
 			}
@@ -188,7 +362,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 					}
 					return codec.Result{ID: a.Id, Sequence: a.Sequence}, nil
 				}
-			case *actor.DeadLetterResponse:
+			case *actor.DeadLetterResponse, notSent:
 				// Not delivered, so not admitted.
 			case memberLeft:
 				return codec.Result{}, fmt.Errorf("%w: its member left the cluster before answering", ErrUnreachable)
@@ -200,6 +374,17 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// send queues one attempt of q for grain, in the batch the node sends it
+// next, and waits for its answer: a reply, a dead letter, memberLeft,
+// notSent. A nil answer with an error means the ctx ended or the node gave
+// up first.
+func (n *Node) send(ctx context.Context, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
+	id, c := n.calls.beginDelivery(grain.Address)
+	q.call = id
+	n.outboxes.queue(n, grain, destination, q)
+	return n.wait(ctx, id, c)
 }
 
 // unreachable is the answer to a caller whose ctx ended before its owner
@@ -233,16 +418,26 @@ func (n *Node) request(ctx context.Context, pid *actor.PID, msg any) (any, error
 	id, c := n.calls.begin(pid.Address)
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)
+	return n.wait(ctx, id, c)
+}
+
+// wait waits for call id's answer, and recycles c.
+func (n *Node) wait(ctx context.Context, id uint32, c *call) (any, error) {
+	var err error
 	select {
 	case a := <-c.answer:
+		recycle(c)
 		return a, nil
 	case <-ctx.Done():
-		n.calls.end(id)
-		return nil, n.unreachable(ctx)
+		err = n.unreachable(ctx)
 	case <-n.quit:
-		n.calls.end(id)
-		return nil, fmt.Errorf("%w: the node left before its owner answered", ErrUnreachable)
+		err = fmt.Errorf("%w: the node left before its owner answered", ErrUnreachable)
 	}
+	if !n.calls.end(id) {
+		<-c.answer
+	}
+	recycle(c)
+	return nil, err
 }
 
 // resolve is the PID of destination's grain: cached, or activated on the

@@ -77,12 +77,14 @@ type Node struct {
 	log    *slog.Logger
 	kind   *cluster.Kind
 
-	topo   topology
-	cutMu  sync.Mutex
-	cut    map[string]time.Time // members whose connection was lost, and when (last time)
-	ledger *ledger
-	calls  calls
-	cache  pidCache
+	topo     topology
+	cutMu    sync.Mutex
+	cut      map[string]time.Time // members whose connection was lost, and when (last time)
+	ledger   *ledger
+	calls    calls
+	outboxes outboxes   // deliveries waiting to be written to their grains
+	replies  replyBoxes // answers waiting to be written to their callers
+	cache    pidCache
 
 	cluster  atomic.Pointer[cluster.Cluster]
 	self     atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
@@ -119,6 +121,8 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	}
 	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
+	n.outboxes.m = map[pidKey]*outbox{}
+	n.replies.m = map[pidKey]*replyBox{}
 	n.cut = map[string]time.Time{}
 	n.cache.m = map[string]*actor.PID{}
 	n.kind = cluster.NewKind(Kind, actor.PropsFromProducer(func() actor.Actor { return &grain{n: n} }))
@@ -172,14 +176,23 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 }
 
 // onTopology takes a new member list: every cached grain PID is dropped
-// (owners may have moved), and calls to members that left are answered
-// ErrUnreachable at once.
+// (owners may have moved), and calls to members that left are answered at
+// once (see cut).
 func (n *Node) onTopology(t *cluster.ClusterTopology) {
 	n.topo.update(t.TopologyHash, t.Members)
 	n.cache.clear()
 	for _, m := range t.Left {
-		n.calls.failMember(m.Address())
+		n.cutOff(m.Address())
 	}
+}
+
+// cutOff gives up on address: what is queued for it is dropped (answers)
+// or answered as never sent (deliveries, which try again), and what was
+// sent to it is answered ErrUnreachable.
+func (n *Node) cutOff(address string) {
+	n.outboxes.cut(address)
+	n.replies.cut(address)
+	n.calls.failMember(address)
 }
 
 // onCut takes protoactor's word that the connection to address is lost or
@@ -189,7 +202,7 @@ func (n *Node) onCut(address string) {
 	n.cutMu.Lock()
 	n.cut[address] = time.Now()
 	n.cutMu.Unlock()
-	n.calls.failMember(address)
+	n.cutOff(address)
 }
 
 // cutSince reports whether the connection to address was lost at or after
@@ -300,6 +313,8 @@ func (n *Node) Leave(ctx context.Context) error {
 			// Nothing will answer what is left: release its waiters.
 			close(n.quit)
 			n.ledger.abandon()
+			n.outboxes.cut("")
+			n.replies.cut("")
 			n.calls.failAll()
 		}
 		if c := n.cluster.Load(); c != nil {

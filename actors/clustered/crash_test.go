@@ -31,8 +31,8 @@ func (m *member) crash(t testing.TB) {
 
 // TestCrash: a member that owns destinations dies mid-load. What it held is
 // answered ErrUnreachable (never anything else), nothing acknowledged is
-// missing at the server, and deliveries succeed again once the provider
-// drops it.
+// missing at the server nor out of its caller's order, and deliveries
+// succeed again once the provider drops it.
 func TestCrash(t *testing.T) {
 	w, dests, ms := threeMembers(t, 20*time.Millisecond)
 
@@ -46,11 +46,17 @@ func TestCrash(t *testing.T) {
 	l.waitSuccesses(t, 300)
 	l.finish()
 
-	missing, violations := l.check(w)
-	t.Logf("crash: %d delivered, errors %v, provider dropped the member after %v, longest gap between successes %v, slowest delivery %v",
-		len(l.acked), l.errs, dropped, l.gap(), l.maxLat)
+	missing, violations, unordered := l.checkAcknowledged(w)
+	t.Logf("crash: %d delivered, errors %v, provider dropped the member after %v, longest gap between successes %v, slowest delivery %v, stored out of order (unacknowledged included) %d",
+		len(l.acked), l.errs, dropped, l.gap(), l.maxLat, unordered)
 	assert.Zero(t, missing, "acknowledged but missing")
-	assert.Zero(t, violations, "order violations")
+	// A message the victim held (answered ErrUnreachable) can still be
+	// stored after its caller's next one: the victim's request may be in
+	// flight at the server while the new owner sends the next (the package
+	// doc says so). And the victim here is a process cut off, not killed:
+	// its batcher goes on sending what it held. What a crash must not do
+	// is reorder or repeat what callers were told was sent.
+	assert.Zero(t, violations, "acknowledged messages out of order or stored twice")
 	for class := range l.errs {
 		assert.Equal(t, "unreachable", class)
 	}

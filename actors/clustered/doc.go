@@ -12,27 +12,43 @@
 // Deliver with Node.Deliver (or send *Deliver to Node.PID from an actor);
 // leave with Node.Leave, then stop the instance.
 //
+// Give the remote a small initial queue per connection:
+// remote.WithEndpointWriterQueueSize(1024). protoactor's default, 1,000,000,
+// allocates a ring of 16 MB of pointers for every member a member talks to,
+// which every garbage collection then scans; the ring grows when it fills.
+//
 // # How a delivery travels
 //
 // A destination's name is the identity of a grain of Kind. The member the
 // rendezvous hash of the latest topology names (the same hash protoactor's
 // disthash lookup uses) owns it: its grain hands each delivery to the
 // member's own Instance, whose batcher batches it with everything else the
-// grain admitted, and the answer goes straight back to the caller. Requests
-// are protobuf messages (package clusterpb). Every answer keeps its meaning
-// across the wire: errors.Is matches the same sentinels
-// (messages.ErrStopped, ErrBatcherDown, ErrNilCodec, context errors,
-// codec.ErrTooLarge, ErrRefused, ErrCodecPanic, ErrResultCount,
-// ErrThrottled), errors.As finds *messages.RetryAfterError,
-// *codec.EntryError and *messages.GroupPausedError with their fields, and
-// codec.IsPermanent gives the same answer. The caller's deadline travels as
-// the time left when the request leaves (clocks differ between members;
-// durations do not), so the owner's batcher never sends a message after its
-// caller stopped waiting, give or take the request's transit.
+// grain admitted, and the answer goes back to the caller. Requests are
+// protobuf messages (package clusterpb). A member's deliveries to one
+// destination travel in batches, and so do an owner's answers to one
+// member: the first delivery is sent at once, and those made while its
+// message waits to be written go in the next one, in the order they were
+// made. Each keeps its own answer (admitted, refused, or "not the owner"),
+// as if it had travelled alone.
 //
+// Every answer keeps its meaning across the wire: errors.Is matches the same
+// sentinels (messages.ErrStopped, ErrBatcherDown, ErrNilCodec,
+// ErrNotDeliver, actors.ErrNilContext, context errors, codec.ErrTooLarge,
+// ErrRefused, ErrCodecPanic, ErrResultCount, ErrThrottled), errors.As finds
+// *messages.RetryAfterError, *codec.EntryError and
+// *messages.GroupPausedError with their fields, and codec.IsPermanent gives
+// the same answer. The caller's deadline travels as the time left when its
+// batch is written (clocks differ between members; durations do not), so the
+// owner's batcher never sends a message after its caller stopped waiting,
+// give or take the batch's transit. A delivery whose deadline passed before
+// its batch was written is not sent. The caller's span (the OpenTelemetry
+// span in Deliver's ctx) travels too: when the owner's instance traces, the
+// delivery's create span is its child.
+
 // A caller retries by itself only what was certainly not admitted: a grain
 // that answered "not the owner", a grain that is gone (dead letter), a member
-// it could not dial. It never retries past its deadline, and never retries a
+// it could not dial, a delivery still waiting to be written when its owner
+// was cut off. It never retries past its deadline, and never retries a
 // request that may have been admitted. Such a request's silence until the
 // deadline, or its member leaving the cluster first, is answered
 // ErrUnreachable (wrapping ctx.Err() when the deadline was the cause): the
@@ -80,13 +96,16 @@
 //
 // A member crashes: what it held is answered ErrUnreachable as soon as the
 // provider drops the member from the topology or protoactor loses its
-// connection, at the callers' deadlines at the latest; it may have been sent. Nothing acknowledged is lost (an answer
-// is sent only after the destination accepted the message). Deliveries to
-// its destinations succeed again once the provider drops it: the new owner
-// does not wait for a member that is no longer in its topology (TestCrash).
-// A batch the crashed member had in flight may still reach the destination
-// while the new owner sends the same group: a crash can break "one request
-// of a group in flight" for the duration of that request.
+// connection, at the callers' deadlines at the latest; it may have been
+// sent. Nothing acknowledged is lost (an answer is sent only after the
+// destination accepted the message), and a caller's acknowledged messages
+// stay in its order. Deliveries to its destinations succeed again once the
+// provider drops it: the new owner does not wait for a member that is no
+// longer in its topology (TestCrash). A batch the crashed member had in
+// flight may still reach the destination while the new owner sends the same
+// group: a crash can break "one request of a group in flight" for the
+// duration of that request, and a message answered ErrUnreachable can land
+// after its caller's next one.
 //
 // A network partition that the provider does not see as one (each side
 // still lists the other, or each side's provider drops the other) can let

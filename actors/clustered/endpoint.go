@@ -4,43 +4,41 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
 // endpoint is a node's one registered process, at the same id on every
 // member. It has no mailbox: each message is handled on its sender's
 // goroutine. It takes
-//   - on the caller's side, the answers to the node's requests (a
-//     DeliverReply, an ActivationResponse, a dead letter), told apart by
-//     the RequestId of the PID they were sent to;
-//   - on the owner's side, the local instance's answers to admitted
-//     deliveries (*messages.Delivered, whose Ref is the *admission), and
-//     HandoffRequests from other members;
+//   - on the caller's side, the answers to the node's deliveries
+//     (DeliverReplies, each reply naming its call) and requests (an
+//     ActivationResponse, a dead letter for a request or a post), told apart
+//     by the RequestId of the PID they were sent to;
+//   - on the owner's side, the local instance's refusals of admitted
+//     deliveries (*messages.Delivered, whose Ref is the admitted record's
+//     batcher.Direct), and HandoffRequests from other members;
 //   - *Deliver, the actor form of Node.Deliver.
 type endpoint struct{ n *Node }
-
-// admission is the Ref of a delivery a grain admitted: whom to answer.
-type admission struct {
-	destination string
-	replyTo     *actor.PID // nil: the caller asked for no answer
-}
 
 func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	_, msg, sender := actor.UnwrapEnvelope(message)
 	n := e.n
 	switch m := msg.(type) {
-	case *clusterpb.DeliverReply, *cluster.ActivationResponse, *actor.DeadLetterResponse:
-		n.calls.answer(pid.RequestId, m)
+	case *clusterpb.DeliverReplies:
+		for _, r := range m.Replies {
+			n.onAnswer(r.Call, r)
+		}
+	case *cluster.ActivationResponse, *actor.DeadLetterResponse:
+		n.onAnswer(pid.RequestId, m)
 	case *messages.Delivered:
-		a, ok := m.Ref.(*admission)
-		if !ok {
-			return
+		if d, ok := m.Ref.(*batcher.Direct); ok {
+			if a, ok := d.Listener.(*admitted); ok {
+				a.Answer(pid, codec.Result{ID: m.ID, Sequence: m.Sequence, Err: m.Err})
+			}
 		}
-		if a.replyTo != nil {
-			n.system.Root.Send(a.replyTo, &clusterpb.DeliverReply{Id: m.ID, Sequence: m.Sequence, Error: encodeError(m.Err)})
-		}
-		n.apply(n.ledger.answered(a.destination))
 	case *clusterpb.HandoffRequest:
 		if sender != nil {
 			n.apply(n.ledger.request(m.Destination, sender))

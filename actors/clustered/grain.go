@@ -2,11 +2,13 @@ package clustered
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -77,7 +79,7 @@ type grain struct {
 // parked is a delivery a waiting grain holds.
 type parked struct {
 	req      *clusterpb.DeliverRequest
-	sender   *actor.PID
+	sender   *actor.PID // the caller process; nil: nobody is answered
 	deadline time.Time
 }
 
@@ -85,8 +87,11 @@ func (g *grain) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *cluster.ClusterInit:
 		g.start(ctx, m.Identity.Identity)
-	case *clusterpb.DeliverRequest:
-		g.deliver(ctx, m, ctx.Sender())
+	case *clusterpb.DeliverBatch:
+		g.deliverBatch(ctx, m, ctx.Sender())
+	case *outgoing:
+		// A batch from this member: taken as it is received.
+		g.deliverBatch(ctx, m.take(), ctx.Sender())
 	case *clusterpb.HandoffDone:
 		if g.state == waiting {
 			delete(g.awaiting, m.Member)
@@ -105,12 +110,22 @@ func (g *grain) Receive(ctx actor.Context) {
 	case stopTick:
 		ctx.Stop(ctx.Self())
 	case *actor.Stopping:
+		g.abandonPosts(ctx)
 		g.refuseBuffered()
 		g.n.apply(g.n.ledger.unregister(g.destination, ctx.Self()))
 		if g.timer != nil {
 			g.timer.Stop()
 		}
+	case *actor.Stopped:
+		g.abandonPosts(ctx)
 	}
+}
+
+// abandonPosts answers the deliveries this member queued for the grain,
+// which protoactor drops from the moment it stops until its name is free
+// (then they come back as dead letters): they were never sent.
+func (g *grain) abandonPosts(ctx actor.Context) {
+	g.n.calls.failQueued(g.n.outboxes.abandonGrain(g.n, ctx.Self()), notSent{})
 }
 
 // start begins the grain's life: it registers as its member's admitter of
@@ -149,7 +164,7 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 			g.timer.Stop()
 		}
 		for _, b := range g.buffered {
-			g.admit(b)
+			g.admit(b, new(admitted))
 		}
 		g.buffered = nil
 		return
@@ -207,41 +222,101 @@ func (g *grain) owned() bool {
 	return g.owns
 }
 
-// deliver takes one delivery.
-func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID) {
+// deliverBatch takes a batch's deliveries, in their order.
+func (g *grain) deliverBatch(ctx actor.Context, b *clusterpb.DeliverBatch, sender *actor.PID) {
+	now := time.Now()
+	// One allocation for the records of the deliveries admitted at once.
+	var recs []admitted
+	if g.state == admitting {
+		recs = make([]admitted, len(b.Requests))
+	}
+	for i, req := range b.Requests {
+		var rec *admitted
+		if recs != nil {
+			rec = &recs[i]
+		}
+		g.deliver(ctx, req, sender, now, rec)
+	}
+}
+
+// deliver takes one delivery, received at now; rec, if not nil, is where
+// its record goes if it is admitted.
+func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID, now time.Time, rec *admitted) {
 	if g.codec == nil && g.state != yielding {
-		g.reply(sender, &clusterpb.DeliverReply{Error: encodeError(ErrUnknownDestination)})
+		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
 		return
 	}
 	if g.state != yielding && (!g.owned() || g.n.leaving.Load()) {
 		g.yield(ctx)
 	}
-	b := parked{req: req, sender: sender, deadline: time.Now().Add(time.Duration(req.BudgetNanos))}
+	b := parked{req: req, sender: sender, deadline: now.Add(time.Duration(req.BudgetNanos))}
 	switch g.state {
 	case yielding:
-		g.reply(sender, &clusterpb.DeliverReply{NotOwner: true})
+		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, NotOwner: true})
 	case waiting:
 		if len(g.buffered) >= maxBuffered {
-			g.reply(sender, &clusterpb.DeliverReply{Error: encodeError(&messages.RetryAfterError{After: handoffRetry, Reason: messages.FullEntries})})
+			g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(&messages.RetryAfterError{After: handoffRetry, Reason: messages.FullEntries})})
 			return
 		}
 		g.buffered = append(g.buffered, b)
 	case admitting:
-		g.admit(b)
+		if rec == nil {
+			rec = new(admitted)
+		}
+		g.admit(b, rec)
 	}
 }
 
-// admit hands a delivery to the local instance; its answer goes to the
-// endpoint, which answers the caller and counts it in the ledger.
-func (g *grain) admit(b parked) {
+// admit hands a delivery to the local instance, with a as its record: the
+// instance answers it through a (see admitted.Answer).
+func (g *grain) admit(b parked, a *admitted) {
 	n := g.n
+	a.n, a.destination, a.replyTo = n, g.destination, b.sender
+	a.reply.Call = b.req.Call
+	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
+	a.deliver = messages.Deliver{
+		Codec:       g.codec,
+		Message:     fromWire(b.req),
+		Deadline:    b.deadline,
+		Ref:         &a.direct,
+		SpanContext: spanFromWire(b.req.Parent, b.sender != nil && b.sender.Address != n.system.Address()),
+	}
 	n.ledger.admit(g.destination)
-	n.system.Root.RequestWithCustomSender(n.cfg.Instance.PID(), &messages.Deliver{
-		Codec:    g.codec,
-		Message:  fromWire(b.req.Message),
-		Deadline: b.deadline,
-		Ref:      &admission{destination: g.destination, replyTo: b.sender},
-	}, n.PID())
+	// No envelope: the instance answers the Direct's Listener.
+	n.system.Root.Send(n.cfg.Instance.PID(), &a.deliver)
+}
+
+// admitted is a delivery a grain handed to the local instance: its Deliver,
+// whom to answer, the answer, and room for the batcher's entry. One
+// allocation holds them all (one per batch: see deliverBatch). It is the Listener of
+// its own Deliver: the batcher answers it directly, and the instance's
+// other answers (a refusal while it stops) reach it through the endpoint
+// as a *messages.Delivered whose Ref is its Direct.
+type admitted struct {
+	n           *Node
+	destination string
+	replyTo     *actor.PID // the caller process; nil: nobody is answered
+	reply       clusterpb.DeliverReply
+	answered    atomic.Bool
+	direct      batcher.Direct
+	deliver     messages.Deliver
+	room        batcher.Room // the batcher's entry for the delivery
+}
+
+// Listening is true: the caller, on another member, stops waiting at the
+// deadline its Deliver carries, which the batcher keeps.
+func (a *admitted) Listening(*actor.PID) bool { return true }
+
+// Answer sends the delivery's answer to its caller and counts it answered
+// in the ledger, once.
+func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
+	if !a.answered.CompareAndSwap(false, true) {
+		return
+	}
+	n := a.n
+	a.reply.Id, a.reply.Sequence, a.reply.Error = r.ID, r.Sequence, encodeError(r.Err)
+	n.reply(a.replyTo, &a.reply)
+	n.apply(n.ledger.answered(a.destination))
 }
 
 // yield stops admitting for good: buffered deliveries are refused, the
@@ -259,13 +334,7 @@ func (g *grain) yield(ctx actor.Context) {
 
 func (g *grain) refuseBuffered() {
 	for _, b := range g.buffered {
-		g.reply(b.sender, &clusterpb.DeliverReply{NotOwner: true})
+		g.n.reply(b.sender, &clusterpb.DeliverReply{Call: b.req.Call, NotOwner: true})
 	}
 	g.buffered = nil
-}
-
-func (g *grain) reply(to *actor.PID, r *clusterpb.DeliverReply) {
-	if to != nil {
-		g.n.system.Root.Send(to, r)
-	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered"
@@ -56,6 +57,8 @@ type memberOpts struct {
 	noCleanup bool
 	// codec builds this member's codec for a destination name.
 	codec func(name string) codec.Codec
+	// tracer, if set, makes the member's instance trace.
+	tracer trace.TracerProvider
 }
 
 // startMember starts one member whose destinations are names, each a fake
@@ -67,7 +70,7 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 		logger = quiet()
 	}
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
-	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
+	inst, err := actors.Start(system, actors.Config{Logger: quiet(), TracerProvider: o.tracer})
 	require.NoError(t, err)
 	m := &member{system: system, inst: inst, codecs: map[string]codec.Codec{}}
 	dests := clustered.Destinations{}
@@ -85,7 +88,9 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	rc := remote.Configure(host, o.port, o.remote...)
+	// As the package doc advises: protoactor's default preallocates 16 MB
+	// of pointers per connection, which every GC scans.
+	rc := remote.Configure(host, o.port, append([]remote.ConfigOption{remote.WithEndpointWriterQueueSize(1 << 10)}, o.remote...)...)
 	if o.retries > 0 {
 		rc.MaxRetryCount = o.retries
 	}

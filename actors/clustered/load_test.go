@@ -231,6 +231,43 @@ func (l *load) check(w *watched) (missing, violations int) {
 	return missing, violations
 }
 
+// checkAcknowledged is check for what a crash promises: every acknowledged
+// message is stored under its id, and each caller's acknowledged messages
+// are stored in its order, once each (violations). A message answered
+// ErrUnreachable may be stored anywhere, or not at all: unordered counts the
+// stored messages, acknowledged or not, that are out of their caller's
+// order.
+func (l *load) checkAcknowledged(w *watched) (missing, violations, unordered int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	stored := map[string]string{}
+	lastAcked := map[string]int{}
+	last := map[string]int{}
+	for _, m := range w.srv.Messages() {
+		body := string(m.Data)
+		stored[body] = m.ID
+		caller, seqText, _ := strings.Cut(body, "/")
+		seq, _ := strconv.Atoi(seqText)
+		if prev, ok := last[caller]; ok && seq <= prev {
+			unordered++
+		}
+		last[caller] = seq
+		if _, acked := l.acked[body]; !acked {
+			continue
+		}
+		if prev, ok := lastAcked[caller]; ok && seq <= prev {
+			violations++
+		}
+		lastAcked[caller] = seq
+	}
+	for body, id := range l.acked {
+		if stored[body] != id {
+			missing++
+		}
+	}
+	return missing, violations, unordered
+}
+
 var _ = remote.Configure
 
 // slowest is the longest delivery answered before t, and the longest

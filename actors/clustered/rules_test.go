@@ -147,12 +147,15 @@ func TestRules(t *testing.T) {
 		require.NoError(t, err)
 		grain := res.(*cluster.ActivationResponse).Pid
 		require.NotNil(t, grain)
-		f = other.system.Root.RequestFuture(grain, &clusterpb.DeliverRequest{
-			Destination: "plain", Message: &clusterpb.Message{Body: []byte("stray")}, BudgetNanos: int64(5 * time.Second),
-		}, 5*time.Second)
+		f = other.system.Root.RequestFuture(grain, &clusterpb.DeliverBatch{Destination: "plain", Requests: []*clusterpb.DeliverRequest{
+			{Body: []byte("stray"), BudgetNanos: int64(5 * time.Second), Call: 7},
+		}}, 5*time.Second)
 		res, err = f.Result()
 		require.NoError(t, err)
-		assert.True(t, res.(*clusterpb.DeliverReply).NotOwner)
+		replies := res.(*clusterpb.DeliverReplies).Replies
+		require.Len(t, replies, 1)
+		assert.True(t, replies[0].NotOwner)
+		assert.Equal(t, uint32(7), replies[0].Call)
 		require.Eventually(t, func() bool {
 			_, alive := other.system.ProcessRegistry.GetLocal(grain.Id)
 			return !alive

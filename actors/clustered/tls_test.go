@@ -171,7 +171,9 @@ func TestMutualTLS(t *testing.T) {
 	// which would let the send skip the network.
 	pid := res.(*cluster.ActivationResponse).Pid
 	grain := actor.NewPID(pid.Address, pid.Id)
-	rogue.system.Root.Send(grain, &clusterpb.DeliverRequest{Destination: target, Message: &clusterpb.Message{Body: []byte("sneaked")}, BudgetNanos: int64(time.Minute)})
+	rogue.system.Root.Send(grain, &clusterpb.DeliverBatch{Destination: target, Requests: []*clusterpb.DeliverRequest{
+		{Body: []byte("sneaked"), BudgetNanos: int64(time.Minute)},
+	}})
 	assert.Never(t, func() bool {
 		for _, sent := range owner.fake(target).Sent() {
 			if string(sent.Body) == "sneaked" {

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -29,6 +32,8 @@ var sentinels = []struct {
 	{clusterpb.Sentinel_SENTINEL_THROTTLED, codec.ErrThrottled},
 	{clusterpb.Sentinel_SENTINEL_UNKNOWN_DESTINATION, ErrUnknownDestination},
 	{clusterpb.Sentinel_SENTINEL_UNREACHABLE, ErrUnreachable},
+	{clusterpb.Sentinel_SENTINEL_NOT_DELIVER, messages.ErrNotDeliver},
+	{clusterpb.Sentinel_SENTINEL_NIL_CONTEXT, actors.ErrNilContext},
 }
 
 // encodeError is err in its wire form: its text, every sentinel it wraps,
@@ -137,30 +142,50 @@ func (e *remoteError) As(target any) bool {
 // PermanentFailure carries codec.IsPermanent's answer on the owner.
 func (e *remoteError) PermanentFailure() bool { return e.permanent }
 
-// toWire is m in its wire form.
-func toWire(m codec.Message) *clusterpb.Message {
-	return &clusterpb.Message{
-		Tenant:         m.Tenant,
-		Group:          m.Group,
-		IdempotencyKey: m.IdempotencyKey,
-		Body:           m.Body,
-		Attributes:     m.Attributes,
-		TraceParent:    m.Trace.Parent,
-		TraceState:     m.Trace.State,
+// toWire fills r with m.
+func toWire(r *clusterpb.DeliverRequest, m codec.Message) {
+	r.Tenant, r.Group, r.IdempotencyKey = m.Tenant, m.Group, m.IdempotencyKey
+	r.Body, r.Attributes = m.Body, m.Attributes
+	r.TraceParent, r.TraceState = m.Trace.Parent, m.Trace.State
+}
+
+// fromWire is the message r carries.
+func fromWire(r *clusterpb.DeliverRequest) codec.Message {
+	return codec.Message{
+		Tenant:         r.Tenant,
+		Group:          r.Group,
+		IdempotencyKey: r.IdempotencyKey,
+		Body:           r.Body,
+		Attributes:     r.Attributes,
+		Trace:          codec.TraceContext{Parent: r.TraceParent, State: r.TraceState},
 	}
 }
 
-// fromWire is the message w carries.
-func fromWire(w *clusterpb.Message) codec.Message {
-	if w == nil {
-		return codec.Message{}
+// spanToWire is sc in its wire form; nil when sc is not valid.
+func spanToWire(sc trace.SpanContext) *clusterpb.SpanContext {
+	if !sc.IsValid() {
+		return nil
 	}
-	return codec.Message{
-		Tenant:         w.Tenant,
-		Group:          w.Group,
-		IdempotencyKey: w.IdempotencyKey,
-		Body:           w.Body,
-		Attributes:     w.Attributes,
-		Trace:          codec.TraceContext{Parent: w.TraceParent, State: w.TraceState},
+	tid, sid := sc.TraceID(), sc.SpanID()
+	return &clusterpb.SpanContext{TraceId: tid[:], SpanId: sid[:], Flags: uint32(sc.TraceFlags()), State: sc.TraceState().String()}
+}
+
+// spanFromWire is the span context w carries, marked remote if it came from
+// another member; the zero SpanContext when w is nil or malformed (the
+// delivery then starts a new trace).
+func spanFromWire(w *clusterpb.SpanContext, remote bool) trace.SpanContext {
+	if w == nil || len(w.TraceId) != len(trace.TraceID{}) || len(w.SpanId) != len(trace.SpanID{}) {
+		return trace.SpanContext{}
 	}
+	cfg := trace.SpanContextConfig{TraceFlags: trace.TraceFlags(w.Flags), Remote: remote}
+	copy(cfg.TraceID[:], w.TraceId)
+	copy(cfg.SpanID[:], w.SpanId)
+	if ts, err := trace.ParseTraceState(w.State); err == nil {
+		cfg.TraceState = ts
+	}
+	sc := trace.NewSpanContext(cfg)
+	if !sc.IsValid() {
+		return trace.SpanContext{}
+	}
+	return sc
 }

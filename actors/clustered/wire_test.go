@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -36,6 +37,8 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 		"stopped":             messages.ErrStopped,
 		"batcher down":        fmt.Errorf("sinkbatch: request: %w", messages.ErrBatcherDown),
 		"nil codec":           messages.ErrNilCodec,
+		"not deliver":         messages.ErrNotDeliver,
+		"nil context":         actors.ErrNilContext,
 		"group paused":        &messages.GroupPausedError{Group: "g1", Key: "k7"},
 		"deadline":            fmt.Errorf("sinkbatch: queued past its deadline: %w", context.DeadlineExceeded),
 		"canceled":            context.Canceled,
@@ -79,6 +82,33 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 	assert.NoError(t, overTheWire(t, nil))
 }
 
+// TestEveryDocumentedSentinelTravels: each error value the README's table
+// (and this package) tells callers to test with errors.Is has a wire form
+// of its own.
+func TestEveryDocumentedSentinelTravels(t *testing.T) {
+	documented := []error{
+		messages.ErrStopped, messages.ErrBatcherDown, messages.ErrNilCodec, messages.ErrNotDeliver,
+		actors.ErrNilContext, context.DeadlineExceeded, context.Canceled,
+		codec.ErrTooLarge, codec.ErrRefused, codec.ErrCodecPanic, codec.ErrResultCount, codec.ErrThrottled,
+		ErrUnknownDestination, ErrUnreachable,
+	}
+	wire := map[clusterpb.Sentinel]bool{}
+	for _, s := range sentinels {
+		assert.False(t, wire[s.wire], "%v is used twice", s.wire)
+		wire[s.wire] = true
+		assert.NotEqual(t, clusterpb.Sentinel_SENTINEL_UNSPECIFIED, s.wire)
+	}
+	for _, want := range documented {
+		got := overTheWire(t, fmt.Errorf("wrapped: %w", want))
+		assert.ErrorIs(t, got, want)
+		for _, other := range documented {
+			if other != want && !errors.Is(want, other) {
+				assert.NotErrorIs(t, got, other, "%v came back as %v too", want, other)
+			}
+		}
+	}
+}
+
 // TestMessageRoundTrip: every field of a message crosses the wire.
 func TestMessageRoundTrip(t *testing.T) {
 	m := codec.Message{
@@ -86,9 +116,11 @@ func TestMessageRoundTrip(t *testing.T) {
 		Attributes: map[string]string{"a": "1", "b": "2"},
 		Trace:      codec.TraceContext{Parent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", State: "x=y"},
 	}
-	b, err := proto.Marshal(toWire(m))
+	var r clusterpb.DeliverRequest
+	toWire(&r, m)
+	b, err := proto.Marshal(&r)
 	require.NoError(t, err)
-	var w clusterpb.Message
+	var w clusterpb.DeliverRequest
 	require.NoError(t, proto.Unmarshal(b, &w))
 	assert.Equal(t, m, fromWire(&w))
 }

@@ -42,6 +42,8 @@ const (
 	Sentinel_SENTINEL_THROTTLED           Sentinel = 10
 	Sentinel_SENTINEL_UNKNOWN_DESTINATION Sentinel = 11
 	Sentinel_SENTINEL_UNREACHABLE         Sentinel = 12
+	Sentinel_SENTINEL_NOT_DELIVER         Sentinel = 13
+	Sentinel_SENTINEL_NIL_CONTEXT         Sentinel = 14
 )
 
 // Enum value maps for Sentinel.
@@ -60,6 +62,8 @@ var (
 		10: "SENTINEL_THROTTLED",
 		11: "SENTINEL_UNKNOWN_DESTINATION",
 		12: "SENTINEL_UNREACHABLE",
+		13: "SENTINEL_NOT_DELIVER",
+		14: "SENTINEL_NIL_CONTEXT",
 	}
 	Sentinel_value = map[string]int32{
 		"SENTINEL_UNSPECIFIED":         0,
@@ -75,6 +79,8 @@ var (
 		"SENTINEL_THROTTLED":           10,
 		"SENTINEL_UNKNOWN_DESTINATION": 11,
 		"SENTINEL_UNREACHABLE":         12,
+		"SENTINEL_NOT_DELIVER":         13,
+		"SENTINEL_NIL_CONTEXT":         14,
 	}
 )
 
@@ -105,34 +111,35 @@ func (Sentinel) EnumDescriptor() ([]byte, []int) {
 	return file_clusterpb_proto_rawDescGZIP(), []int{0}
 }
 
-// Message is codec.Message.
-type Message struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Tenant         string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Group          string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
-	IdempotencyKey string                 `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	Body           []byte                 `protobuf:"bytes,4,opt,name=body,proto3" json:"body,omitempty"`
-	Attributes     map[string]string      `protobuf:"bytes,5,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	TraceParent    string                 `protobuf:"bytes,6,opt,name=trace_parent,json=traceParent,proto3" json:"trace_parent,omitempty"`
-	TraceState     string                 `protobuf:"bytes,7,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+// DeliverBatch carries one member's deliveries to one destination's grain,
+// in the order its callers made them: what queued up while the member's
+// previous batch to that grain waited to be written. The sender's PID (with
+// its request id) names the batch, so that a dead letter for it reaches the
+// sender; each request is answered on its own, by a DeliverReply in a
+// DeliverReplies sent to the sender's process (its PID without the request
+// id).
+type DeliverBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Destination   string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	Requests      []*DeliverRequest      `protobuf:"bytes,2,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
-func (x *Message) Reset() {
-	*x = Message{}
+func (x *DeliverBatch) Reset() {
+	*x = DeliverBatch{}
 	mi := &file_clusterpb_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *Message) String() string {
+func (x *DeliverBatch) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*Message) ProtoMessage() {}
+func (*DeliverBatch) ProtoMessage() {}
 
-func (x *Message) ProtoReflect() protoreflect.Message {
+func (x *DeliverBatch) ProtoReflect() protoreflect.Message {
 	mi := &file_clusterpb_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -144,69 +151,44 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use Message.ProtoReflect.Descriptor instead.
-func (*Message) Descriptor() ([]byte, []int) {
+// Deprecated: Use DeliverBatch.ProtoReflect.Descriptor instead.
+func (*DeliverBatch) Descriptor() ([]byte, []int) {
 	return file_clusterpb_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *Message) GetTenant() string {
+func (x *DeliverBatch) GetDestination() string {
 	if x != nil {
-		return x.Tenant
+		return x.Destination
 	}
 	return ""
 }
 
-func (x *Message) GetGroup() string {
+func (x *DeliverBatch) GetRequests() []*DeliverRequest {
 	if x != nil {
-		return x.Group
-	}
-	return ""
-}
-
-func (x *Message) GetIdempotencyKey() string {
-	if x != nil {
-		return x.IdempotencyKey
-	}
-	return ""
-}
-
-func (x *Message) GetBody() []byte {
-	if x != nil {
-		return x.Body
+		return x.Requests
 	}
 	return nil
 }
 
-func (x *Message) GetAttributes() map[string]string {
-	if x != nil {
-		return x.Attributes
-	}
-	return nil
-}
-
-func (x *Message) GetTraceParent() string {
-	if x != nil {
-		return x.TraceParent
-	}
-	return ""
-}
-
-func (x *Message) GetTraceState() string {
-	if x != nil {
-		return x.TraceState
-	}
-	return ""
-}
-
-// DeliverRequest asks the destination's owner to batch one message. The
-// sender's PID (with its request id) is where the DeliverReply goes.
+// DeliverRequest asks the destination's owner to batch one message: the
+// fields of codec.Message, and the delivery's own.
 type DeliverRequest struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Destination string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
-	Message     *Message               `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	// budget_nanos is what was left of the caller's deadline when it sent the
-	// request: clocks differ between members, durations do not.
-	BudgetNanos   int64 `protobuf:"varint,3,opt,name=budget_nanos,json=budgetNanos,proto3" json:"budget_nanos,omitempty"`
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Tenant         string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Group          string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	Body           []byte                 `protobuf:"bytes,4,opt,name=body,proto3" json:"body,omitempty"`
+	Attributes     map[string]string      `protobuf:"bytes,5,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceParent    string                 `protobuf:"bytes,6,opt,name=trace_parent,json=traceParent,proto3" json:"trace_parent,omitempty"`
+	TraceState     string                 `protobuf:"bytes,7,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	// budget_nanos is what was left of the caller's deadline when the batch
+	// was written: clocks differ between members, durations do not.
+	BudgetNanos int64 `protobuf:"varint,8,opt,name=budget_nanos,json=budgetNanos,proto3" json:"budget_nanos,omitempty"`
+	// call tells the sender's requests apart: its DeliverReply carries it.
+	Call uint32 `protobuf:"varint,9,opt,name=call,proto3" json:"call,omitempty"`
+	// parent is the caller's span, if any: the delivery's create span on
+	// the owner is its child.
+	Parent        *SpanContext `protobuf:"bytes,10,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -241,18 +223,53 @@ func (*DeliverRequest) Descriptor() ([]byte, []int) {
 	return file_clusterpb_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *DeliverRequest) GetDestination() string {
+func (x *DeliverRequest) GetTenant() string {
 	if x != nil {
-		return x.Destination
+		return x.Tenant
 	}
 	return ""
 }
 
-func (x *DeliverRequest) GetMessage() *Message {
+func (x *DeliverRequest) GetGroup() string {
 	if x != nil {
-		return x.Message
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DeliverRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *DeliverRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
 	}
 	return nil
+}
+
+func (x *DeliverRequest) GetAttributes() map[string]string {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+func (x *DeliverRequest) GetTraceParent() string {
+	if x != nil {
+		return x.TraceParent
+	}
+	return ""
+}
+
+func (x *DeliverRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
 }
 
 func (x *DeliverRequest) GetBudgetNanos() int64 {
@@ -262,22 +279,107 @@ func (x *DeliverRequest) GetBudgetNanos() int64 {
 	return 0
 }
 
+func (x *DeliverRequest) GetCall() uint32 {
+	if x != nil {
+		return x.Call
+	}
+	return 0
+}
+
+func (x *DeliverRequest) GetParent() *SpanContext {
+	if x != nil {
+		return x.Parent
+	}
+	return nil
+}
+
+// SpanContext is an OpenTelemetry span context (W3C trace context).
+type SpanContext struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TraceId       []byte                 `protobuf:"bytes,1,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	SpanId        []byte                 `protobuf:"bytes,2,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
+	Flags         uint32                 `protobuf:"varint,3,opt,name=flags,proto3" json:"flags,omitempty"`
+	State         string                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpanContext) Reset() {
+	*x = SpanContext{}
+	mi := &file_clusterpb_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpanContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpanContext) ProtoMessage() {}
+
+func (x *SpanContext) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpanContext.ProtoReflect.Descriptor instead.
+func (*SpanContext) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SpanContext) GetTraceId() []byte {
+	if x != nil {
+		return x.TraceId
+	}
+	return nil
+}
+
+func (x *SpanContext) GetSpanId() []byte {
+	if x != nil {
+		return x.SpanId
+	}
+	return nil
+}
+
+func (x *SpanContext) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
+func (x *SpanContext) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 // DeliverReply answers one DeliverRequest.
 type DeliverReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// not_owner: the member does not own the destination (or is handing it
 	// off); nothing was admitted and the caller may send it again elsewhere.
-	NotOwner      bool   `protobuf:"varint,1,opt,name=not_owner,json=notOwner,proto3" json:"not_owner,omitempty"`
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Sequence      string `protobuf:"bytes,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
-	Error         *Error `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	NotOwner bool   `protobuf:"varint,1,opt,name=not_owner,json=notOwner,proto3" json:"not_owner,omitempty"`
+	Id       string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Sequence string `protobuf:"bytes,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Error    *Error `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// call is the DeliverRequest's.
+	Call          uint32 `protobuf:"varint,5,opt,name=call,proto3" json:"call,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeliverReply) Reset() {
 	*x = DeliverReply{}
-	mi := &file_clusterpb_proto_msgTypes[2]
+	mi := &file_clusterpb_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +391,7 @@ func (x *DeliverReply) String() string {
 func (*DeliverReply) ProtoMessage() {}
 
 func (x *DeliverReply) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[2]
+	mi := &file_clusterpb_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +404,7 @@ func (x *DeliverReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverReply.ProtoReflect.Descriptor instead.
 func (*DeliverReply) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{2}
+	return file_clusterpb_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DeliverReply) GetNotOwner() bool {
@@ -333,6 +435,60 @@ func (x *DeliverReply) GetError() *Error {
 	return nil
 }
 
+func (x *DeliverReply) GetCall() uint32 {
+	if x != nil {
+		return x.Call
+	}
+	return 0
+}
+
+// DeliverReplies carries an owner's answers to one sender: what was
+// answered while the owner's previous DeliverReplies to that sender waited
+// to be written.
+type DeliverReplies struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replies       []*DeliverReply        `protobuf:"bytes,1,rep,name=replies,proto3" json:"replies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliverReplies) Reset() {
+	*x = DeliverReplies{}
+	mi := &file_clusterpb_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverReplies) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverReplies) ProtoMessage() {}
+
+func (x *DeliverReplies) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverReplies.ProtoReflect.Descriptor instead.
+func (*DeliverReplies) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeliverReplies) GetReplies() []*DeliverReply {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
 // Error is a delivery's error as the caller branches on it: its text, the
 // sentinels it wraps, whether it is permanent, and the typed errors in its
 // chain with their fields.
@@ -350,7 +506,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_clusterpb_proto_msgTypes[3]
+	mi := &file_clusterpb_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +518,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[3]
+	mi := &file_clusterpb_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +531,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{3}
+	return file_clusterpb_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Error) GetText() string {
@@ -431,7 +587,7 @@ type RetryAfter struct {
 
 func (x *RetryAfter) Reset() {
 	*x = RetryAfter{}
-	mi := &file_clusterpb_proto_msgTypes[4]
+	mi := &file_clusterpb_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +599,7 @@ func (x *RetryAfter) String() string {
 func (*RetryAfter) ProtoMessage() {}
 
 func (x *RetryAfter) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[4]
+	mi := &file_clusterpb_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +612,7 @@ func (x *RetryAfter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfter.ProtoReflect.Descriptor instead.
 func (*RetryAfter) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{4}
+	return file_clusterpb_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetryAfter) GetAfterNanos() int64 {
@@ -486,7 +642,7 @@ type EntryError struct {
 
 func (x *EntryError) Reset() {
 	*x = EntryError{}
-	mi := &file_clusterpb_proto_msgTypes[5]
+	mi := &file_clusterpb_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +654,7 @@ func (x *EntryError) String() string {
 func (*EntryError) ProtoMessage() {}
 
 func (x *EntryError) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[5]
+	mi := &file_clusterpb_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +667,7 @@ func (x *EntryError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryError.ProtoReflect.Descriptor instead.
 func (*EntryError) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{5}
+	return file_clusterpb_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EntryError) GetCode() string {
@@ -553,7 +709,7 @@ type GroupPaused struct {
 
 func (x *GroupPaused) Reset() {
 	*x = GroupPaused{}
-	mi := &file_clusterpb_proto_msgTypes[6]
+	mi := &file_clusterpb_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +721,7 @@ func (x *GroupPaused) String() string {
 func (*GroupPaused) ProtoMessage() {}
 
 func (x *GroupPaused) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[6]
+	mi := &file_clusterpb_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +734,7 @@ func (x *GroupPaused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupPaused.ProtoReflect.Descriptor instead.
 func (*GroupPaused) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{6}
+	return file_clusterpb_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GroupPaused) GetGroup() string {
@@ -607,7 +763,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_clusterpb_proto_msgTypes[7]
+	mi := &file_clusterpb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +775,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[7]
+	mi := &file_clusterpb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +788,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{7}
+	return file_clusterpb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandoffRequest) GetDestination() string {
@@ -654,7 +810,7 @@ type HandoffDone struct {
 
 func (x *HandoffDone) Reset() {
 	*x = HandoffDone{}
-	mi := &file_clusterpb_proto_msgTypes[8]
+	mi := &file_clusterpb_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +822,7 @@ func (x *HandoffDone) String() string {
 func (*HandoffDone) ProtoMessage() {}
 
 func (x *HandoffDone) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[8]
+	mi := &file_clusterpb_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +835,7 @@ func (x *HandoffDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffDone.ProtoReflect.Descriptor instead.
 func (*HandoffDone) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{8}
+	return file_clusterpb_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HandoffDone) GetDestination() string {
@@ -700,30 +856,41 @@ var File_clusterpb_proto protoreflect.FileDescriptor
 
 const file_clusterpb_proto_rawDesc = "" +
 	"\n" +
-	"\x0fclusterpb.proto\x12\x16sinkbatch.clustered.v1\"\xc8\x02\n" +
-	"\aMessage\x12\x16\n" +
+	"\x0fclusterpb.proto\x12\x16sinkbatch.clustered.v1\"t\n" +
+	"\fDeliverBatch\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12B\n" +
+	"\brequests\x18\x02 \x03(\v2&.sinkbatch.clustered.v1.DeliverRequestR\brequests\"\xca\x03\n" +
+	"\x0eDeliverRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12'\n" +
 	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
-	"\x04body\x18\x04 \x01(\fR\x04body\x12O\n" +
+	"\x04body\x18\x04 \x01(\fR\x04body\x12V\n" +
 	"\n" +
-	"attributes\x18\x05 \x03(\v2/.sinkbatch.clustered.v1.Message.AttributesEntryR\n" +
+	"attributes\x18\x05 \x03(\v26.sinkbatch.clustered.v1.DeliverRequest.AttributesEntryR\n" +
 	"attributes\x12!\n" +
 	"\ftrace_parent\x18\x06 \x01(\tR\vtraceParent\x12\x1f\n" +
 	"\vtrace_state\x18\a \x01(\tR\n" +
-	"traceState\x1a=\n" +
+	"traceState\x12!\n" +
+	"\fbudget_nanos\x18\b \x01(\x03R\vbudgetNanos\x12\x12\n" +
+	"\x04call\x18\t \x01(\rR\x04call\x12;\n" +
+	"\x06parent\x18\n" +
+	" \x01(\v2#.sinkbatch.clustered.v1.SpanContextR\x06parent\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
-	"\x0eDeliverRequest\x12 \n" +
-	"\vdestination\x18\x01 \x01(\tR\vdestination\x129\n" +
-	"\amessage\x18\x02 \x01(\v2\x1f.sinkbatch.clustered.v1.MessageR\amessage\x12!\n" +
-	"\fbudget_nanos\x18\x03 \x01(\x03R\vbudgetNanos\"\x8c\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\vSpanContext\x12\x19\n" +
+	"\btrace_id\x18\x01 \x01(\fR\atraceId\x12\x17\n" +
+	"\aspan_id\x18\x02 \x01(\fR\x06spanId\x12\x14\n" +
+	"\x05flags\x18\x03 \x01(\rR\x05flags\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"\xa0\x01\n" +
 	"\fDeliverReply\x12\x1b\n" +
 	"\tnot_owner\x18\x01 \x01(\bR\bnotOwner\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1a\n" +
 	"\bsequence\x18\x03 \x01(\tR\bsequence\x123\n" +
-	"\x05error\x18\x04 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error\"\xc0\x02\n" +
+	"\x05error\x18\x04 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error\x12\x12\n" +
+	"\x04call\x18\x05 \x01(\rR\x04call\"P\n" +
+	"\x0eDeliverReplies\x12>\n" +
+	"\areplies\x18\x01 \x03(\v2$.sinkbatch.clustered.v1.DeliverReplyR\areplies\"\xc0\x02\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12>\n" +
 	"\tsentinels\x18\x02 \x03(\x0e2 .sinkbatch.clustered.v1.SentinelR\tsentinels\x12\x1c\n" +
@@ -750,7 +917,7 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\"G\n" +
 	"\vHandoffDone\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x16\n" +
-	"\x06member\x18\x02 \x01(\tR\x06member*\xdb\x02\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member*\x8f\x03\n" +
 	"\bSentinel\x12\x18\n" +
 	"\x14SENTINEL_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10SENTINEL_STOPPED\x10\x01\x12\x19\n" +
@@ -765,7 +932,9 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\x12SENTINEL_THROTTLED\x10\n" +
 	"\x12 \n" +
 	"\x1cSENTINEL_UNKNOWN_DESTINATION\x10\v\x12\x18\n" +
-	"\x14SENTINEL_UNREACHABLE\x10\fB8Z6github.com/ankusa/sinkbatch/actors/clustered/clusterpbb\x06proto3"
+	"\x14SENTINEL_UNREACHABLE\x10\f\x12\x18\n" +
+	"\x14SENTINEL_NOT_DELIVER\x10\r\x12\x18\n" +
+	"\x14SENTINEL_NIL_CONTEXT\x10\x0eB8Z6github.com/ankusa/sinkbatch/actors/clustered/clusterpbb\x06proto3"
 
 var (
 	file_clusterpb_proto_rawDescOnce sync.Once
@@ -780,33 +949,37 @@ func file_clusterpb_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterpb_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_clusterpb_proto_goTypes = []any{
 	(Sentinel)(0),          // 0: sinkbatch.clustered.v1.Sentinel
-	(*Message)(nil),        // 1: sinkbatch.clustered.v1.Message
+	(*DeliverBatch)(nil),   // 1: sinkbatch.clustered.v1.DeliverBatch
 	(*DeliverRequest)(nil), // 2: sinkbatch.clustered.v1.DeliverRequest
-	(*DeliverReply)(nil),   // 3: sinkbatch.clustered.v1.DeliverReply
-	(*Error)(nil),          // 4: sinkbatch.clustered.v1.Error
-	(*RetryAfter)(nil),     // 5: sinkbatch.clustered.v1.RetryAfter
-	(*EntryError)(nil),     // 6: sinkbatch.clustered.v1.EntryError
-	(*GroupPaused)(nil),    // 7: sinkbatch.clustered.v1.GroupPaused
-	(*HandoffRequest)(nil), // 8: sinkbatch.clustered.v1.HandoffRequest
-	(*HandoffDone)(nil),    // 9: sinkbatch.clustered.v1.HandoffDone
-	nil,                    // 10: sinkbatch.clustered.v1.Message.AttributesEntry
+	(*SpanContext)(nil),    // 3: sinkbatch.clustered.v1.SpanContext
+	(*DeliverReply)(nil),   // 4: sinkbatch.clustered.v1.DeliverReply
+	(*DeliverReplies)(nil), // 5: sinkbatch.clustered.v1.DeliverReplies
+	(*Error)(nil),          // 6: sinkbatch.clustered.v1.Error
+	(*RetryAfter)(nil),     // 7: sinkbatch.clustered.v1.RetryAfter
+	(*EntryError)(nil),     // 8: sinkbatch.clustered.v1.EntryError
+	(*GroupPaused)(nil),    // 9: sinkbatch.clustered.v1.GroupPaused
+	(*HandoffRequest)(nil), // 10: sinkbatch.clustered.v1.HandoffRequest
+	(*HandoffDone)(nil),    // 11: sinkbatch.clustered.v1.HandoffDone
+	nil,                    // 12: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 }
 var file_clusterpb_proto_depIdxs = []int32{
-	10, // 0: sinkbatch.clustered.v1.Message.attributes:type_name -> sinkbatch.clustered.v1.Message.AttributesEntry
-	1,  // 1: sinkbatch.clustered.v1.DeliverRequest.message:type_name -> sinkbatch.clustered.v1.Message
-	4,  // 2: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
-	0,  // 3: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
-	5,  // 4: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
-	6,  // 5: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
-	7,  // 6: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
-	7,  // [7:7] is the sub-list for method output_type
-	7,  // [7:7] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
+	12, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	3,  // 2: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
+	6,  // 3: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
+	4,  // 4: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
+	0,  // 5: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
+	7,  // 6: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
+	8,  // 7: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
+	9,  // 8: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_clusterpb_proto_init() }
@@ -820,7 +993,7 @@ func file_clusterpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterpb_proto_rawDesc), len(file_clusterpb_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

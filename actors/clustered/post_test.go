@@ -1,0 +1,260 @@
+package clustered
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/internal/testinst"
+)
+
+// These tests drive the batching of deliveries on one member, with a
+// stand-in grain on the same member: no cluster, so they run under -race.
+
+// scriptedGrain stands in for a destination's grain: it holds the first
+// batch until released, records every batch, and answers each delivery
+// NotOwner if its body is "not-owner", else with its body as the id.
+type scriptedGrain struct {
+	n       *Node
+	release chan struct{}
+	mu      sync.Mutex
+	batches [][]*clusterpb.DeliverRequest
+}
+
+func (g *scriptedGrain) Receive(ctx actor.Context) {
+	o, ok := ctx.Message().(*outgoing)
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	first := len(g.batches) == 0
+	g.mu.Unlock()
+	if first {
+		<-g.release
+	}
+	b := o.take()
+	g.mu.Lock()
+	g.batches = append(g.batches, b.Requests)
+	g.mu.Unlock()
+	for _, r := range b.Requests {
+		reply := &clusterpb.DeliverReply{Call: r.Call, Id: string(r.Body)}
+		if string(r.Body) == "not-owner" {
+			reply = &clusterpb.DeliverReply{Call: r.Call, NotOwner: true}
+		}
+		g.n.reply(ctx.Sender(), reply)
+	}
+}
+
+func (g *scriptedGrain) taken() [][]*clusterpb.DeliverRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([][]*clusterpb.DeliverRequest(nil), g.batches...)
+}
+
+// localNode is a node on a member without a cluster, and a scripted grain
+// on it.
+func localNode(t *testing.T) (*Node, *actor.PID, *scriptedGrain) {
+	t.Helper()
+	system, inst := testinst.Start(t, actors.Config{})
+	n, err := New(system, Config{Instance: inst, Destinations: Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}})
+	require.NoError(t, err)
+	g := &scriptedGrain{n: n, release: make(chan struct{})}
+	pid := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return g }))
+	t.Cleanup(func() {
+		require.NoError(t, system.Root.StopFuture(pid).Wait())
+		require.NoError(t, n.Leave(context.Background()))
+	})
+	return n, pid, g
+}
+
+// queued counts the deliveries waiting in n's outboxes.
+func (obs *outboxes) queued() int {
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	total := 0
+	for _, ob := range obs.m {
+		if ob.pending != nil {
+			total += len(*ob.pending)
+		}
+	}
+	return total
+}
+
+// calls are the call numbers of the deliveries waiting in n's outboxes, in
+// their order.
+func (obs *outboxes) calls() []uint32 {
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	var out []uint32
+	for _, ob := range obs.m {
+		if ob.pending != nil {
+			for _, q := range *ob.pending {
+				out = append(out, q.call)
+			}
+		}
+	}
+	return out
+}
+
+func delivery(body string) queuedDelivery {
+	return queuedDelivery{deadline: time.Now().Add(10 * time.Second), message: codec.Message{Body: []byte(body)}}
+}
+
+// TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers: a delivery made
+// when nothing is on its way is sent at once; those made while its batch
+// message waits go together in the next one, in the order they were
+// queued; each caller gets the answer to its own delivery, NotOwner
+// included.
+func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
+	n, grain, g := localNode(t)
+	ctx := context.Background()
+	const callers = 20
+	answers := make([]any, callers+1)
+	var wg sync.WaitGroup
+	send := func(i int) {
+		defer wg.Done()
+		body := fmt.Sprint(i)
+		if i%5 == 0 {
+			body = "not-owner"
+		}
+		a, err := n.send(ctx, grain, "d", delivery(body))
+		assert.NoError(t, err)
+		answers[i] = a
+	}
+	// The first delivery posts a batch message, which the grain holds; the
+	// others queue behind it.
+	wg.Add(1)
+	go send(0)
+	require.Eventually(t, func() bool { return n.outboxes.queued() == 1 }, 10*time.Second, time.Millisecond)
+	for i := 1; i <= callers; i++ {
+		wg.Add(1)
+		go send(i)
+	}
+	require.Eventually(t, func() bool { return n.outboxes.queued() == callers+1 }, 10*time.Second, time.Millisecond)
+	queuedOrder := n.outboxes.calls()
+	close(g.release)
+	wg.Wait()
+
+	batches := g.taken()
+	require.Len(t, batches, 1, "every delivery queued before the first batch was taken goes in it")
+	var sent []uint32
+	for _, r := range batches[0] {
+		sent = append(sent, r.Call)
+	}
+	assert.Equal(t, queuedOrder, sent, "a batch keeps the order deliveries were queued in")
+	for i := 0; i <= callers; i++ {
+		r, ok := answers[i].(*clusterpb.DeliverReply)
+		require.True(t, ok, "%d: %T", i, answers[i])
+		if i%5 == 0 {
+			assert.True(t, r.NotOwner, "%d", i)
+		} else {
+			assert.False(t, r.NotOwner, "%d", i)
+			assert.Equal(t, fmt.Sprint(i), r.Id, "a caller gets its own delivery's answer")
+		}
+	}
+
+	// Light load: one delivery, nothing on its way, is sent at once.
+	a, err := n.send(ctx, grain, "d", delivery("alone"))
+	require.NoError(t, err)
+	assert.Equal(t, "alone", a.(*clusterpb.DeliverReply).Id)
+	assert.Len(t, g.taken(), 2)
+	assert.Empty(t, n.outboxes.m, "an outbox goes once its batch is taken")
+	assert.Empty(t, n.calls.m, "no call outlives its answer")
+}
+
+// TestAbandonedDeliveryIsNotSent: a delivery whose caller stops waiting
+// while it is queued stays out of the batch.
+func TestAbandonedDeliveryIsNotSent(t *testing.T) {
+	n, grain, g := localNode(t)
+	first := make(chan any)
+	go func() {
+		a, _ := n.send(context.Background(), grain, "d", delivery("first"))
+		first <- a
+	}()
+	require.Eventually(t, func() bool { return n.outboxes.queued() == 1 }, 10*time.Second, time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error)
+	go func() {
+		_, err := n.send(ctx, grain, "d", delivery("abandoned"))
+		gaveUp <- err
+	}()
+	require.Eventually(t, func() bool { return n.outboxes.queued() == 2 }, 10*time.Second, time.Millisecond)
+	cancel()
+	err := <-gaveUp
+	assert.ErrorIs(t, err, ErrUnreachable)
+	assert.ErrorIs(t, err, context.Canceled)
+	close(g.release)
+	assert.Equal(t, "first", (<-first).(*clusterpb.DeliverReply).Id)
+	batches := g.taken()
+	require.Len(t, batches, 1)
+	require.Len(t, batches[0], 1, "only the delivery still awaited is sent")
+	assert.Equal(t, "first", string(batches[0][0].Body))
+	assert.Empty(t, n.calls.m)
+}
+
+// TestBatchThatDeadLettersIsRetried: deliveries queued for a grain that is
+// gone come back as never sent, each one (the caller then looks for the
+// owner again).
+func TestBatchThatDeadLettersIsRetried(t *testing.T) {
+	n, _, _ := localNode(t)
+	gone := actor.NewPID(n.system.Address(), "no-such-grain")
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := n.send(context.Background(), gone, "d", delivery(fmt.Sprint(i)))
+			assert.NoError(t, err)
+			switch a.(type) {
+			case *actor.DeadLetterResponse, notSent:
+			default:
+				t.Errorf("%d: answered %T, want a dead letter", i, a)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Empty(t, n.outboxes.m)
+	assert.Empty(t, n.calls.m)
+}
+
+// TestCutOffAnswersQueuedAsNotSent: when a member is cut off, what waits in
+// an outbox for it is answered as never sent (retried), not as
+// ErrUnreachable.
+func TestCutOffAnswersQueuedAsNotSent(t *testing.T) {
+	n, grain, g := localNode(t)
+	answers := make(chan any, 3)
+	for _, body := range []string{"a", "b", "c"} {
+		go func() {
+			a, _ := n.send(context.Background(), grain, "d", delivery(body))
+			answers <- a
+		}()
+	}
+	require.Eventually(t, func() bool { return n.outboxes.queued() == 3 }, 10*time.Second, time.Millisecond)
+	n.cutOff(n.system.Address())
+	for range 3 {
+		assert.IsType(t, notSent{}, <-answers)
+	}
+	close(g.release)
+	assert.Empty(t, n.calls.m)
+}
+
+// TestDeliverWithNilContext: a nil ctx is refused with actors.ErrNilContext
+// (permanent), as Instance.Deliver refuses it.
+func TestDeliverWithNilContext(t *testing.T) {
+	n, _, g := localNode(t)
+	close(g.release)
+	var none context.Context
+	_, err := n.Deliver(none, "d", codec.Message{Body: []byte("x")})
+	assert.ErrorIs(t, err, actors.ErrNilContext)
+	assert.True(t, codec.IsPermanent(err))
+}
