@@ -190,7 +190,10 @@ func startClusterMember(i int, logger *slog.Logger, srv *clusterServer, ca *clus
 	if err != nil {
 		return nil, err
 	}
-	rc := remote.Configure("127.0.0.1", remotePort, clustered.TLSOptions(clustered.MutualTLS(ca.pool, cert, clusterServerName))...)
+	// A small initial writer queue: protoactor's default preallocates 16 MB
+	// per peer, which every garbage collection scans.
+	rc := remote.Configure("127.0.0.1", remotePort, append(clustered.TLSOptions(clustered.MutualTLS(ca.pool, cert, clusterServerName)),
+		remote.WithEndpointWriterQueueSize(1024))...)
 	// protoactor retries a failed connection MaxRetryCount times, 2 s
 	// apart, and its shutdown waits for that: one retry keeps the end of
 	// the run short once the killed member is unreachable.
