@@ -46,8 +46,16 @@ var errNoAnswer = errors.New("sinkbatch: no answer within DefaultTimeout")
 // bound makes the call begun next give up at deadline d (Unix
 // nanoseconds); 0: its ctx bounds it. It must precede begin: expire reads
 // the call, then its deadline.
-func (w *waiter) bound(d int64) {
-	w.deadline.Store(d)
+func (w *waiter) bound(d int64) { w.deadline.Store(d) }
+
+// arm makes sure the timer fires no later than the deadline of the call
+// begun, if it has one. It runs after begin has published the call: a timer
+// that fires meanwhile either finds the call (expire re-arms it for the
+// call's deadline) or has stored armed 0 before arm reads it (arm re-arms
+// it). Checked before begin, a firing could slip in between: arm would see
+// the timer still armed, expire no call, and the call would wait forever.
+func (w *waiter) arm() {
+	d := w.deadline.Load()
 	if d == 0 {
 		return
 	}
@@ -60,7 +68,7 @@ func (w *waiter) bound(d int64) {
 // expire runs when the timer fires: it answers the call waiting with
 // errNoAnswer if its deadline has passed, or arms the timer for that
 // deadline. A call that begins meanwhile sees armed at 0 and arms it
-// itself.
+// itself (arm).
 func (w *waiter) expire() {
 	w.armed.Store(0)
 	id, d := w.call.Load(), w.deadline.Load()
@@ -104,13 +112,15 @@ func (w *waiter) Listening(pid *actor.PID) bool {
 	return pid.RequestId != 0 && w.call.Load() == pid.RequestId
 }
 
-// begin starts a call and fills in pid, the sender PID to hand out.
+// begin starts a call, arms the timer for its deadline if it needs one,
+// and fills in pid, the sender PID to hand out.
 func (w *waiter) begin(pid *actor.PID, address string) {
 	w.seq++
 	if w.seq == 0 {
 		w.seq = 1
 	}
 	w.call.Store(w.seq)
+	w.arm()
 	pid.Address, pid.Id, pid.RequestId = address, w.id, w.seq
 }
 

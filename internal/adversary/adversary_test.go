@@ -48,6 +48,7 @@ var features = []string{
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
 	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing", "listenpanic", "listenstep", "listensweep",
+	"neverending",
 }
 
 // shortRun is the default run: short enough for CI under -race.

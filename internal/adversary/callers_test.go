@@ -103,13 +103,22 @@ func (r *round) goDeliver(rng *rand.Rand, c *call) error {
 	}
 	ctx := r.killCtx
 	var cancel context.CancelFunc
-	if c.deadline.IsZero() {
+	// A third of the no-deadline calls (chosen by id) have a ctx that
+	// never ends:
+	// Deliver waits on its answer alone, DefaultTimeout is its reply
+	// process's timer, and the round's end does not kill the call.
+	neverending := c.deadline.IsZero() && r.on("neverending") && c.id%3 == 0
+	switch {
+	case neverending:
+		ctx, cancel = context.Background(), func() {}
+		c.dlClass = "neverending"
+	case c.deadline.IsZero():
 		ctx, cancel = context.WithCancel(ctx)
-	} else {
+	default:
 		ctx, cancel = context.WithDeadline(ctx, c.deadline)
 	}
 	defer cancel()
-	if abandon || r.on("cancel") && rng.IntN(100) < 12 {
+	if !neverending && (abandon || r.on("cancel") && rng.IntN(100) < 12) {
 		// Some cancels land as the answer does: Deliver then sees both.
 		after := time.Duration(rng.Int64N(int64(30 * time.Millisecond)))
 		switch {

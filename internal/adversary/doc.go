@@ -10,8 +10,8 @@
 // whole requests or single entries, and fail retryably or permanently, under
 // tiny tunings (IdleTimeout of milliseconds, small queues, one to four
 // requests in flight). Many goroutine and actor callers deliver with random
-// tenants, groups, idempotency keys and deadlines (past ones, and ones in the
-// year 2300), cancel at random moments, and Stop is called with a ctx that
+// tenants, groups, idempotency keys and deadlines (past ones, ones in the
+// year 2300, and none, with a ctx that never ends), cancel at random moments, and Stop is called with a ctx that
 // ends at a random moment while deliveries still arrive. Some callers answer
 // from a reply process of their own that is a batcher.Listener, whose
 // Listening panics now and then (on the batcher's actor or on a request
