@@ -206,9 +206,8 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 	if hasDeadline {
 		w.bound(0)
 	} else {
-		now := time.Now()
-		deadline = now.Add(i.timeout)
-		w.bound(addSat(now.UnixNano(), int64(i.timeout)))
+		deadline = time.Now().Add(i.timeout)
+		w.bound(addSat(monoNow(), int64(i.timeout)))
 	}
 	// One allocation holds the call's Deliver, its sender PID, the Direct
 	// that names both to the batcher and the room for the batcher's entry.

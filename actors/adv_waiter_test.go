@@ -53,26 +53,26 @@ func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 				// Calls answered at once, from first, leave the timer armed
 				// for first's deadline; the call that is never answered
 				// begins close to that deadline, when the timer fires.
-				first := time.Now().UnixNano()
+				first := monoNow()
 				target := first + int64(timeout) + rand.Int64N(int64(timeout)/4) - int64(timeout)/8
 				for {
-					d := time.Now().UnixNano() + int64(timeout)
+					d := monoNow() + int64(timeout)
 					w.bound(d)
 					w.begin(&pid, "nonhost")
 					w.Answer(&pid, codec.Result{ID: "ok"})
 					// Its deadline may pass before the answer on a loaded
 					// machine: then the timer's errNoAnswer wins.
 					r := <-w.answer
-					if r.ID != "ok" && (r.Err != errNoAnswer || time.Now().UnixNano() < d) {
+					if r.ID != "ok" && (r.Err != errNoAnswer || monoNow() < d) {
 						errs <- "answered call got neither its answer nor a timely errNoAnswer"
 						return
 					}
-					if time.Now().UnixNano() >= target {
+					if monoNow() >= target {
 						break
 					}
 				}
 				began := time.Now()
-				d := began.UnixNano() + int64(timeout)
+				d := monoNow() + int64(timeout)
 				w.bound(d)
 				// Deliver allocates its call's record between the two, and
 				// its goroutine may be preempted there: let the timer's
@@ -87,7 +87,7 @@ func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 						errs <- "unanswered call got something other than errNoAnswer"
 						return
 					}
-					if now := time.Now().UnixNano(); now < d {
+					if now := monoNow(); now < d {
 						errs <- "errNoAnswer came before the call's deadline"
 						return
 					}

@@ -26,7 +26,7 @@ type waiter struct {
 	answer chan codec.Result
 	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
 	seq    uint32        // the last RequestId handed out; only its caller touches it
-	// deadline is when the call waiting gives up, in Unix nanoseconds, if
+	// deadline is when the call waiting gives up, on monoNow's clock, if
 	// its ctx has no deadline (DefaultTimeout); 0: its ctx bounds it.
 	deadline atomic.Int64
 	// timer ends a call at its deadline (expire). It is armed when a call
@@ -39,12 +39,20 @@ type waiter struct {
 	armed atomic.Int64
 }
 
+// epoch is where monoNow counts from.
+var epoch = time.Now()
+
+// monoNow is the monotonic clock in nanoseconds since epoch (at least 1):
+// DefaultTimeout is a duration, which a step of the wall clock must not
+// shorten or lengthen.
+func monoNow() int64 { return int64(time.Since(epoch)) + 1 }
+
 // errNoAnswer is what expire answers a call with: its DefaultTimeout ran
 // out first. Deliver turns it into its own error.
 var errNoAnswer = errors.New("sinkbatch: no answer within DefaultTimeout")
 
-// bound makes the call begun next give up at deadline d (Unix
-// nanoseconds); 0: its ctx bounds it. It must precede begin: expire reads
+// bound makes the call begun next give up at deadline d (on monoNow's
+// clock); 0: its ctx bounds it. It must precede begin: expire reads
 // the call, then its deadline.
 func (w *waiter) bound(d int64) { w.deadline.Store(d) }
 
@@ -61,7 +69,7 @@ func (w *waiter) arm() {
 	}
 	if a := w.armed.Load(); a == 0 || a > d {
 		w.armed.Store(d)
-		w.timer.Reset(time.Duration(d - time.Now().UnixNano()))
+		w.timer.Reset(time.Duration(d - monoNow()))
 	}
 }
 
@@ -75,7 +83,7 @@ func (w *waiter) expire() {
 	if id == 0 || d == 0 {
 		return
 	}
-	if now := time.Now().UnixNano(); now < d {
+	if now := monoNow(); now < d {
 		w.armed.Store(d)
 		w.timer.Reset(time.Duration(d - now))
 		return
