@@ -383,7 +383,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 func (n *Node) send(ctx context.Context, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
 	id, c := n.calls.beginDelivery(grain.Address)
 	q.call = id
-	n.outboxes.queue(n, grain, destination, q)
+	n.queueDelivery(grain, destination, q)
 	return n.wait(ctx, id, c)
 }
 

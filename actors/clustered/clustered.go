@@ -122,6 +122,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
 	n.outboxes.m = map[pidKey]*outbox{}
+	n.outboxes.pool = &pendingPool
 	n.replies.m = map[pidKey]*replyBox{}
 	n.cut = map[string]time.Time{}
 	n.cache.m = map[string]*actor.PID{}

@@ -125,7 +125,7 @@ func (g *grain) Receive(ctx actor.Context) {
 // which protoactor drops from the moment it stops until its name is free
 // (then they come back as dead letters): they were never sent.
 func (g *grain) abandonPosts(ctx actor.Context) {
-	g.n.calls.failQueued(g.n.outboxes.abandonGrain(g.n, ctx.Self()), notSent{})
+	g.n.calls.failQueued(g.n.abandonGrain(ctx.Self()), notSent{})
 }
 
 // start begins the grain's life: it registers as its member's admitter of

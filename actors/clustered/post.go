@@ -44,50 +44,135 @@ type queuedDelivery struct {
 	parent   *clusterpb.SpanContext
 }
 
-// outboxes are a node's deliveries queued for grains, one outbox per grain
-// with a post on its way. Safe for concurrent use; outboxes.mu may be held
-// while calls.mu is taken, never the reverse.
-type outboxes struct {
+// boxes are items queued for processes, one box per process with a post
+// (a P) on its way to it: a node's deliveries for grains (outboxes), an
+// owner's answers for caller processes (replyBoxes). Safe for concurrent
+// use; boxes.mu may be held while calls.mu is taken, never the reverse.
+type boxes[T any, P comparable] struct {
 	mu sync.Mutex
-	m  map[pidKey]*outbox
+	m  map[pidKey]*box[T, P]
+	// pool, if set, recycles the boxes' queues: a post that took one puts
+	// it back (recycle) once it has used it.
+	pool *sync.Pool
 }
 
-// outbox is the deliveries queued for one grain. Guarded by outboxes.mu.
-type outbox struct {
-	key         pidKey
-	destination string
-	pending     *[]queuedDelivery // from pendingPool; nil: none
-	posted      *outgoing         // the post that will take pending
-	postedAt    time.Time
+// box is the items queued for one process. Guarded by boxes.mu.
+type box[T any, P comparable] struct {
+	key      pidKey
+	pending  []T
+	posted   P // the post that will take pending; zero: none
+	postedAt time.Time
 }
 
-// pendingPool recycles the outboxes' queues: a post that took one puts it
-// back once its batch is built.
-var pendingPool = sync.Pool{New: func() any { return new([]queuedDelivery) }}
+// add queues item in k's box, and makes a post for it with newPost unless
+// one is on its way and not stalled; it returns that post, if any, with
+// the stalled post it replaces, if any.
+func (bs *boxes[T, P]) add(k pidKey, item T, now time.Time, newPost func(*box[T, P]) P) (post, stale P, made bool) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	b := bs.m[k]
+	if b == nil {
+		b = &box[T, P]{key: k}
+		bs.m[k] = b
+	}
+	if b.pending == nil && bs.pool != nil {
+		b.pending = (*bs.pool.Get().(*[]T))[:0]
+	}
+	b.pending = append(b.pending, item)
+	var zero P
+	if b.posted == zero || now.Sub(b.postedAt) >= stalledPost {
+		post, stale = newPost(b), b.posted
+		b.posted, b.postedAt = post, now
+		return post, stale, true
+	}
+	return zero, zero, false
+}
 
-// queue adds q to grain's outbox, and posts a batch message to grain unless
-// one is on its way.
-func (obs *outboxes) queue(n *Node, grain *actor.PID, destination string, q queuedDelivery) {
-	k := pidKey{grain.Address, grain.Id}
-	now := time.Now()
-	var post, stale *outgoing
-	obs.mu.Lock()
-	ob := obs.m[k]
-	if ob == nil {
-		ob = &outbox{key: k, destination: destination}
-		obs.m[k] = ob
+// take empties b; it is no longer posted if o was its post.
+func (bs *boxes[T, P]) take(b *box[T, P], o P) []T {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	taken := b.pending
+	b.pending = nil
+	if b.posted == o {
+		var zero P
+		b.posted = zero
+		if bs.m[b.key] == b {
+			delete(bs.m, b.key)
+		}
 	}
-	if ob.pending == nil {
-		ob.pending = pendingPool.Get().(*[]queuedDelivery)
+	return taken
+}
+
+// recycle gives a queue take returned back to the pool, once used.
+func (bs *boxes[T, P]) recycle(q []T) {
+	if bs.pool != nil && q != nil {
+		clear(q)
+		q = q[:0]
+		bs.pool.Put(&q)
 	}
-	*ob.pending = append(*ob.pending, q)
-	if ob.posted == nil || now.Sub(ob.postedAt) >= stalledPost {
-		post, stale = &outgoing{n: n, box: ob}, ob.posted
+}
+
+// abandon gives up o, which will not be taken: if o was its box's post, the
+// box goes and what it held is returned, never sent.
+func (bs *boxes[T, P]) abandon(b *box[T, P], o P) []T {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if b.posted != o {
+		return nil
+	}
+	if bs.m[b.key] == b {
+		delete(bs.m, b.key)
+	}
+	var zero P
+	b.posted = zero
+	taken := b.pending
+	b.pending = nil
+	return taken
+}
+
+// cut removes the boxes for processes on address (a member that left or
+// whose connection was lost) or, with an empty address, all; the calls of
+// what they held are answered by calls.failMember.
+func (bs *boxes[T, P]) cut(address string) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	var zero P
+	for k, b := range bs.m {
+		if address == "" || k.address == address {
+			delete(bs.m, k)
+			b.posted = zero
+			b.pending = nil
+		}
+	}
+}
+
+// postedTo is the post on its way to k, if any.
+func (bs *boxes[T, P]) postedTo(k pidKey) P {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	var zero P
+	if b := bs.m[k]; b != nil {
+		return b.posted
+	}
+	return zero
+}
+
+// outboxes are a node's deliveries queued for grains.
+type outboxes = boxes[queuedDelivery, *outgoing]
+
+// outbox is the deliveries queued for one grain.
+type outbox = box[queuedDelivery, *outgoing]
+
+// queueDelivery adds q to grain's outbox, and posts a batch message to
+// grain unless one is on its way.
+func (n *Node) queueDelivery(grain *actor.PID, destination string, q queuedDelivery) {
+	post, stale, made := n.outboxes.add(pidKey{grain.Address, grain.Id}, q, time.Now(), func(ob *outbox) *outgoing {
+		post := &outgoing{n: n, box: ob, destination: destination}
 		post.call = n.calls.beginPost(grain.Address, post)
-		ob.posted, ob.postedAt = post, now
-	}
-	obs.mu.Unlock()
-	if post == nil {
+		return post
+	})
+	if !made {
 		return
 	}
 	if stale != nil {
@@ -102,85 +187,26 @@ func (obs *outboxes) queue(n *Node, grain *actor.PID, destination string, q queu
 	n.system.Root.RequestWithCustomSender(grain, post, &actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
 }
 
-// take empties o's outbox; it is no longer posted if o was its post. The
-// queue it returns, if not nil, goes back to pendingPool after use.
-func (obs *outboxes) take(o *outgoing) *[]queuedDelivery {
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	ob := o.box
-	taken := ob.pending
-	ob.pending = nil
-	if ob.posted == o {
-		ob.posted = nil
-		if obs.m[ob.key] == ob {
-			delete(obs.m, ob.key)
-		}
-	}
-	return taken
-}
-
-// abandon gives up o, which will not be taken (it came back as a dead
-// letter, or its grain stopped with o in its mailbox): if o was its outbox's
-// post, the outbox goes and what it held is returned, never sent.
-func (obs *outboxes) abandon(o *outgoing) []queuedDelivery {
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	ob := o.box
-	if ob.posted != o {
-		return nil
-	}
-	if obs.m[ob.key] == ob {
-		delete(obs.m, ob.key)
-	}
-	ob.posted = nil
-	taken := ob.pending
-	ob.pending = nil
-	if taken == nil {
-		return nil
-	}
-	return *taken
-}
-
-// cut removes the outboxes to grains on address (a member that left or
-// whose connection was lost) or, with an empty address, all; what they
-// held is answered by calls.failMember.
-func (obs *outboxes) cut(address string) {
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	for k, ob := range obs.m {
-		if address == "" || k.address == address {
-			delete(obs.m, k)
-			ob.posted = nil
-			ob.pending = nil
-		}
-	}
-}
-
 // abandonGrain gives up the post to grain, a grain of this member that is
 // stopping (protoactor drops what reaches it then): its call ends, and what
 // its outbox held is returned, never sent.
-func (obs *outboxes) abandonGrain(n *Node, grain *actor.PID) []queuedDelivery {
-	obs.mu.Lock()
-	ob := obs.m[pidKey{grain.Address, grain.Id}]
-	var post *outgoing
-	if ob != nil {
-		post = ob.posted
-	}
-	obs.mu.Unlock()
+func (n *Node) abandonGrain(grain *actor.PID) []queuedDelivery {
+	post := n.outboxes.postedTo(pidKey{grain.Address, grain.Id})
 	if post == nil {
 		return nil
 	}
 	n.calls.end(post.call)
-	return obs.abandon(post)
+	return n.outboxes.abandon(post.box, post)
 }
 
 // outgoing is a batch message posted to a grain: it carries what its
 // outbox holds when it is written (or, to a grain on the same member,
 // received).
 type outgoing struct {
-	n    *Node
-	box  *outbox
-	call uint32 // the RequestId of its sender PID
+	n           *Node
+	box         *outbox
+	destination string
+	call        uint32 // the RequestId of its sender PID
 }
 
 // take is the batch o carries, emptying its outbox; a delivery whose
@@ -188,14 +214,10 @@ type outgoing struct {
 func (o *outgoing) take() *clusterpb.DeliverBatch {
 	n := o.n
 	now := time.Now()
-	p := n.outboxes.take(o)
-	var all []queuedDelivery
-	if p != nil {
-		all = *p
-	}
+	all := n.outboxes.take(o.box, o)
 	// Even an empty batch goes through carry, which ends its call.
 	queued := n.calls.carry(o.call, all, now)
-	b := &clusterpb.DeliverBatch{Destination: o.box.destination, Requests: make([]*clusterpb.DeliverRequest, len(queued))}
+	b := &clusterpb.DeliverBatch{Destination: o.destination, Requests: make([]*clusterpb.DeliverRequest, len(queued))}
 	reqs := make([]clusterpb.DeliverRequest, len(queued))
 	for i, q := range queued {
 		r := &reqs[i]
@@ -203,11 +225,7 @@ func (o *outgoing) take() *clusterpb.DeliverBatch {
 		r.BudgetNanos, r.Call, r.Parent = int64(q.deadline.Sub(now)), q.call, q.parent
 		b.Requests[i] = r
 	}
-	if p != nil {
-		clear(all)
-		*p = all[:0]
-		pendingPool.Put(p)
-	}
+	n.outboxes.recycle(all)
 	return b
 }
 
@@ -219,7 +237,7 @@ func (o *outgoing) Serialize() (remote.RootSerialized, error) {
 // LogValue keeps payloads out of logs: protoactor logs the messages it
 // routes at Debug.
 func (o *outgoing) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("destination", o.box.destination), slog.Uint64("post", uint64(o.call)))
+	return slog.GroupValue(slog.String("destination", o.destination), slog.Uint64("post", uint64(o.call)))
 }
 
 // errNotDeserialized: wireBatch and wireReplies are only written; they
@@ -233,22 +251,11 @@ type wireBatch struct{ *clusterpb.DeliverBatch }
 func (wireBatch) Deserialize() (remote.RootSerializable, error) { return nil, errNotDeserialized }
 
 // replyBoxes are an owner's answers queued for caller processes on other
-// members, one box per process with a post on its way. Safe for concurrent
-// use; replyBoxes.mu may be held while calls.mu is taken, never the
-// reverse.
-type replyBoxes struct {
-	mu sync.Mutex
-	m  map[pidKey]*replyBox
-}
+// members.
+type replyBoxes = boxes[*clusterpb.DeliverReply, *outgoingReplies]
 
-// replyBox is the answers queued for one caller process. Guarded by
-// replyBoxes.mu.
-type replyBox struct {
-	key      pidKey
-	pending  []*clusterpb.DeliverReply
-	posted   *outgoingReplies
-	postedAt time.Time
-}
+// replyBox is the answers queued for one caller process.
+type replyBox = box[*clusterpb.DeliverReply, *outgoingReplies]
 
 // reply sends r to the caller process to: at once to the node's own
 // endpoint; in a reply box to another member's.
@@ -260,86 +267,27 @@ func (n *Node) reply(to *actor.PID, r *clusterpb.DeliverReply) {
 	case to.Address == n.system.Address():
 		n.system.Root.Send(to, &clusterpb.DeliverReplies{Replies: []*clusterpb.DeliverReply{r}})
 	default:
-		n.replies.queue(n, to, r)
+		n.queueReply(to, r)
 	}
 }
 
-// queue adds r to the box of to, and posts a DeliverReplies to it unless
-// one is on its way.
-func (rbs *replyBoxes) queue(n *Node, to *actor.PID, r *clusterpb.DeliverReply) {
-	k := pidKey{to.Address, to.Id}
-	now := time.Now()
-	var post *outgoingReplies
-	rbs.mu.Lock()
-	rb := rbs.m[k]
-	if rb == nil {
-		rb = &replyBox{key: k}
-		rbs.m[k] = rb
-	}
-	rb.pending = append(rb.pending, r)
-	var stale *outgoingReplies
-	if rb.posted == nil || now.Sub(rb.postedAt) >= stalledPost {
-		post, stale = &outgoingReplies{n: n, box: rb}, rb.posted
+// queueReply adds r to the box of to, and posts a DeliverReplies to it
+// unless one is on its way.
+func (n *Node) queueReply(to *actor.PID, r *clusterpb.DeliverReply) {
+	post, stale, made := n.replies.add(pidKey{to.Address, to.Id}, r, time.Now(), func(rb *replyBox) *outgoingReplies {
+		post := &outgoingReplies{n: n, box: rb}
 		post.call = n.calls.beginPost(to.Address, post)
-		rb.posted, rb.postedAt = post, now
-	}
-	rbs.mu.Unlock()
-	if post == nil {
+		return post
+	})
+	if !made {
 		return
 	}
 	if stale != nil {
 		n.calls.end(stale.call)
 	}
 	self := n.PID()
-	n.system.Root.RequestWithCustomSender(actor.NewPID(k.address, k.id), post,
+	n.system.Root.RequestWithCustomSender(actor.NewPID(to.Address, to.Id), post,
 		&actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
-}
-
-// take empties o's box; it is no longer posted if o was its post.
-func (rbs *replyBoxes) take(o *outgoingReplies) []*clusterpb.DeliverReply {
-	rbs.mu.Lock()
-	defer rbs.mu.Unlock()
-	rb := o.box
-	taken := rb.pending
-	rb.pending = nil
-	if rb.posted == o {
-		rb.posted = nil
-		if rbs.m[rb.key] == rb {
-			delete(rbs.m, rb.key)
-		}
-	}
-	return taken
-}
-
-// abandon gives up o, which came back as a dead letter before it was
-// written: the caller's member cannot be reached, and the answers its box
-// held are dropped (their callers are answered ErrUnreachable).
-func (rbs *replyBoxes) abandon(o *outgoingReplies) {
-	rbs.mu.Lock()
-	defer rbs.mu.Unlock()
-	rb := o.box
-	if rb.posted != o {
-		return
-	}
-	if rbs.m[rb.key] == rb {
-		delete(rbs.m, rb.key)
-	}
-	rb.posted = nil
-	rb.pending = nil
-}
-
-// cut drops the boxes to processes on address or, with an empty address,
-// all.
-func (rbs *replyBoxes) cut(address string) {
-	rbs.mu.Lock()
-	defer rbs.mu.Unlock()
-	for k, rb := range rbs.m {
-		if address == "" || k.address == address {
-			delete(rbs.m, k)
-			rb.posted = nil
-			rb.pending = nil
-		}
-	}
 }
 
 // outgoingReplies is a DeliverReplies posted to a caller process on another
@@ -352,7 +300,7 @@ type outgoingReplies struct {
 
 // Serialize is called by protoactor's endpoint writer as it writes o.
 func (o *outgoingReplies) Serialize() (remote.RootSerialized, error) {
-	replies := o.n.replies.take(o)
+	replies := o.n.replies.take(o.box, o)
 	o.n.calls.end(o.call)
 	return wireReplies{&clusterpb.DeliverReplies{Replies: replies}}, nil
 }
@@ -379,8 +327,13 @@ func (n *Node) onAnswer(id uint32, msg any) {
 	}
 	switch p := post.(type) {
 	case *outgoing:
-		n.calls.failQueued(n.outboxes.abandon(p), msg)
+		n.calls.failQueued(n.outboxes.abandon(p.box, p), msg)
 	case *outgoingReplies:
-		n.replies.abandon(p)
+		// The caller's member cannot be reached: the answers are dropped,
+		// and their callers answered ErrUnreachable.
+		n.replies.abandon(p.box, p)
 	}
 }
+
+// pendingPool recycles the outboxes' queues.
+var pendingPool = sync.Pool{New: func() any { return new([]queuedDelivery) }}

@@ -78,29 +78,25 @@ func localNode(t *testing.T) (*Node, *actor.PID, *scriptedGrain) {
 }
 
 // queued counts the deliveries waiting in n's outboxes.
-func (obs *outboxes) queued() int {
+func queued(obs *outboxes) int {
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	total := 0
 	for _, ob := range obs.m {
-		if ob.pending != nil {
-			total += len(*ob.pending)
-		}
+		total += len(ob.pending)
 	}
 	return total
 }
 
 // calls are the call numbers of the deliveries waiting in n's outboxes, in
 // their order.
-func (obs *outboxes) calls() []uint32 {
+func queuedCalls(obs *outboxes) []uint32 {
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	var out []uint32
 	for _, ob := range obs.m {
-		if ob.pending != nil {
-			for _, q := range *ob.pending {
-				out = append(out, q.call)
-			}
+		for _, q := range ob.pending {
+			out = append(out, q.call)
 		}
 	}
 	return out
@@ -135,13 +131,13 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 	// others queue behind it.
 	wg.Add(1)
 	go send(0)
-	require.Eventually(t, func() bool { return n.outboxes.queued() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == 1 }, 10*time.Second, time.Millisecond)
 	for i := 1; i <= callers; i++ {
 		wg.Add(1)
 		go send(i)
 	}
-	require.Eventually(t, func() bool { return n.outboxes.queued() == callers+1 }, 10*time.Second, time.Millisecond)
-	queuedOrder := n.outboxes.calls()
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == callers+1 }, 10*time.Second, time.Millisecond)
+	queuedOrder := queuedCalls(&n.outboxes)
 	close(g.release)
 	wg.Wait()
 
@@ -181,14 +177,14 @@ func TestAbandonedDeliveryIsNotSent(t *testing.T) {
 		a, _ := n.send(context.Background(), grain, "d", delivery("first"))
 		first <- a
 	}()
-	require.Eventually(t, func() bool { return n.outboxes.queued() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == 1 }, 10*time.Second, time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan error)
 	go func() {
 		_, err := n.send(ctx, grain, "d", delivery("abandoned"))
 		gaveUp <- err
 	}()
-	require.Eventually(t, func() bool { return n.outboxes.queued() == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == 2 }, 10*time.Second, time.Millisecond)
 	cancel()
 	err := <-gaveUp
 	assert.ErrorIs(t, err, ErrUnreachable)
@@ -239,7 +235,7 @@ func TestCutOffAnswersQueuedAsNotSent(t *testing.T) {
 			answers <- a
 		}()
 	}
-	require.Eventually(t, func() bool { return n.outboxes.queued() == 3 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == 3 }, 10*time.Second, time.Millisecond)
 	n.cutOff(n.system.Address())
 	for range 3 {
 		assert.IsType(t, notSent{}, <-answers)
