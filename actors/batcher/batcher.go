@@ -177,7 +177,7 @@ func (b *Batcher) Receive(ctx actor.Context) {
 }
 
 func (b *Batcher) receive(ctx actor.Context) {
-	b.now = time.Now().UnixNano()
+	b.now = clock()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
 		quiet := b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
@@ -303,7 +303,7 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	}
 	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
-		deadline = unixNano(d.Deadline)
+		deadline = instant(d.Deadline)
 	}
 	var err error
 	if deadline <= b.now {
@@ -369,17 +369,26 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	return a.ok && !a.due && !a.swept && a.resumed == "" && a.evicted == nil
 }
 
-// unixNano is t in Unix nanoseconds, saturated to the int64 range: a
-// deadline past the year 2262 is "never", not an overflow into the past.
-func unixNano(t time.Time) int64 {
-	switch {
-	case t.After(maxTime):
-		return math.MaxInt64
-	case t.Before(minTime):
-		return math.MinInt64
-	}
-	return t.UnixNano()
-}
+// The batcher's clock: nanoseconds on Go's monotonic clock since epoch.
+// Deadlines, wake-ups and ages are durations apart, which a step of the
+// wall clock (NTP, a resumed VM) must neither shorten nor stretch: on Unix
+// time, a step back of an hour would leave a linger timer waiting an hour.
+// epoch is an hour before the process started, so that no instant the
+// batcher sees is 0, which its fields use for "none".
+var epoch = time.Now().Add(-time.Hour)
+
+// clock is now on the batcher's clock.
+func clock() int64 { return int64(time.Since(epoch)) }
+
+// instant is t on the batcher's clock, saturated to the int64 range (a
+// deadline 292 years away is "never", not an overflow into the past):
+// on the monotonic clock when t carries a reading (a deadline made from
+// time.Now, as context.WithTimeout makes it), else on the wall clock.
+func instant(t time.Time) int64 { return int64(t.Sub(epoch)) }
+
+// timeAt is n on the batcher's clock as a time.Time, with a monotonic
+// reading unless n is too far away to carry one.
+func timeAt(n int64) time.Time { return epoch.Add(time.Duration(n)) }
 
 // addSat is a+d for a time a and a duration d ≥ 0, saturated at
 // math.MaxInt64 ("never"): a Tuning or DefaultTimeout of hundreds of years
@@ -390,11 +399,6 @@ func addSat(a, d int64) int64 {
 	}
 	return a + d
 }
-
-var (
-	maxTime = time.Unix(0, math.MaxInt64)
-	minTime = time.Unix(0, math.MinInt64)
-)
 
 // CodecPanic is the answer to a delivery whose codec panicked in method
 // (Name, Identity, Limits, Tuning, Size, Validate) given value v: permanent

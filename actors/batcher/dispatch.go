@@ -5,7 +5,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
@@ -316,7 +315,7 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 		d.inflightDeadline = min(d.inflightDeadline, e.deadline)
 	}
 	// No caller waits past the latest deadline, so neither does the request.
-	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, deadline))
+	ctx, cancel := context.WithDeadline(context.Background(), timeAt(deadline))
 	f := &inflight{entries: batch, claims: make([]atomic.Bool, len(batch)), groups: groups, ctx: ctx, cancel: cancel, trigger: trigger}
 	// Registered before promote asks the waiters' callers (their code may
 	// panic): the restart finds the batch among the running ones.

@@ -105,7 +105,7 @@ func (p *Params) PausedGroups() []string {
 	if in == nil {
 		return nil
 	}
-	return in.d.pausedGroups(time.Now().UnixNano())
+	return in.d.pausedGroups(clock())
 }
 
 // incarnation is what other goroutines reach of a running batcher: its

@@ -19,13 +19,13 @@ func handoffDispatch(s settings) *dispatch {
 func take(d *dispatch) *inflight {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	f, _ := d.launchLocked(time.Now().UnixNano())
+	f, _ := d.launchLocked(clock())
 	return f
 }
 
 // finishNow is finish at the clock's time.
 func finishNow(d *dispatch, f *inflight) *inflight {
-	next, _, _ := d.finish(f, time.Now().UnixNano())
+	next, _, _ := d.finish(f, clock())
 	return next
 }
 
@@ -95,7 +95,7 @@ func backlogged(t *testing.T, n int) *dispatch {
 func admitNow(t *testing.T, b *dispatch, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
-		_, ok := b.q.admit(e, time.Now().UnixNano())
+		_, ok := b.q.admit(e, clock())
 		require.True(t, ok, "admit %s", e.to.deliver.Ref)
 	}
 }
@@ -144,7 +144,7 @@ func TestNextThatPanicsLeavesItsTakeForTheRestart(t *testing.T) {
 		}
 		return true
 	}
-	next, _, panicked := b.finish(f, time.Now().UnixNano())
+	next, _, panicked := b.finish(f, clock())
 	assert.Nil(t, next)
 	assert.Equal(t, "listener bug", panicked)
 	assert.True(t, b.down)

@@ -31,7 +31,7 @@ func (b *Batcher) run(f *inflight) {
 		report, o := b.request(f, buf)
 		// The callers are answered (in request), then the slot handed on,
 		// then the actor told.
-		now := time.Now().UnixNano()
+		now := clock()
 		r := b.d.finishWith(f, now, o)
 		next, panicked := r.next, r.panicked
 		b.answerDropped(r.dropped, now)
@@ -98,7 +98,7 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	}
 	start := time.Now()
 	if b.deliveries != nil {
-		b.waited(f, start.UnixNano())
+		b.waited(f, instant(start))
 	}
 	var failed error
 	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})
