@@ -38,19 +38,7 @@ func TestAdvDefaultTimeoutMixedOnPooledWaiters(t *testing.T) {
 	}
 	_, inst := start(t, actors.Config{Name: "advtimeout", DefaultTimeout: timeout})
 	lim := codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) }) // before Stop, which start's cleanup runs
-	silent := fakecodec.New("silent", lim)
-	silent.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		// The request's deadline is its latest caller's: an answer at it
-		// is no earlier than that caller's own.
-		select {
-		case <-release:
-			return nil, context.Canceled
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+	silent, release := silentCodec(t, lim)
 	// stuck never gets past Size: only the reply process's timer ends a
 	// no-deadline call to it.
 	stuck := fakecodec.New("stuck", lim)
@@ -123,4 +111,23 @@ func echoIDs(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		res[i].ID = "id-" + string(m.Body)
 	}
 	return res, nil
+}
+
+// silentCodec is a destination that answers a request only when its
+// context ends (the request's deadline is its latest caller's: an answer
+// then is no earlier than that caller's own) or the test does, which
+// closes the channel it returns.
+func silentCodec(t *testing.T, lim codec.Limits) (*fakecodec.Codec, <-chan struct{}) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before Stop, which start's cleanup runs
+	c := fakecodec.New("silent", lim)
+	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+		select {
+		case <-release:
+			return nil, context.Canceled
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return c, release
 }

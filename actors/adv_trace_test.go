@@ -54,17 +54,7 @@ func TestAdvEveryTracedSpanEndsOnceUnderTimeoutsAndRestarts(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "advtrace", DefaultTimeout: timeout, TracerProvider: tp, Recorder: restarts})
 
 	lim := codec.Limits{MaxEntries: 4, MaxBytes: 1 << 20}
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) }) // before Stop, which start's cleanup runs
-	silent := fakecodec.New("silent", lim)
-	silent.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		select {
-		case <-release:
-			return nil, context.Canceled
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+	silent, _ := silentCodec(t, lim)
 	// busy has a small queue, so that deliveries are refused and the
 	// Recorder's panics restart its batcher under queued entries.
 	busy := fakecodec.New("busy", codec.Limits{MaxEntries: 2, MaxBytes: 1 << 20})
