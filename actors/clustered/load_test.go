@@ -16,7 +16,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
-	"github.com/asynkron/protoactor-go/remote"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/actors/clustered"
@@ -207,31 +206,14 @@ func (l *load) waitSuccesses(t testing.TB, n int) {
 
 // check compares what the server stored with what the callers were told:
 // every acknowledged message is there under its id (missing counts those
-// that are not), and each caller's messages are in its order (violations).
+// that are not), and each caller's messages, acknowledged or not, are in
+// its order (violations).
 func (l *load) check(w *watched) (missing, violations int) {
-	stored := map[string]string{}
-	last := map[string]int{}
-	for _, m := range w.srv.Messages() {
-		body := string(m.Data)
-		stored[body] = m.ID
-		caller, seqText, _ := strings.Cut(body, "/")
-		seq, _ := strconv.Atoi(seqText)
-		if prev, ok := last[caller]; ok && seq <= prev {
-			violations++
-		}
-		last[caller] = seq
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for body, id := range l.acked {
-		if stored[body] != id {
-			missing++
-		}
-	}
+	missing, _, violations = l.checkAcknowledged(w)
 	return missing, violations
 }
 
-// checkAcknowledged is check for what a crash promises: every acknowledged
+// checkAcknowledged is what a crash promises: every acknowledged
 // message is stored under its id, and each caller's acknowledged messages
 // are stored in its order, once each (violations). A message answered
 // ErrUnreachable may be stored anywhere, or not at all: unordered counts the
@@ -267,8 +249,6 @@ func (l *load) checkAcknowledged(w *watched) (missing, violations, unordered int
 	}
 	return missing, violations, unordered
 }
-
-var _ = remote.Configure
 
 // slowest is the longest delivery answered before t, and the longest
 // answered after it.
