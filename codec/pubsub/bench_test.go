@@ -294,10 +294,13 @@ type side struct {
 	allocs uint64
 }
 
-// measure publishes n messages through s and adds what that took. The
+// measure publishes n messages through s and adds what that took. It
+// starts after a collection (untimed), so that each side pays for the
+// garbage it makes rather than for what the side before it left. The
 // goroutines s starts carry the label side=s.name, so that a CPU profile can
 // be cut by side (go tool pprof -tagfocus side=sinkbatch).
 func (s *side) measure(n int) {
+	runtime.GC()
 	a0 := mallocs()
 	pprof.Do(context.Background(), pprof.Labels("side", s.name), func(context.Context) {
 		w, c := s.run(n)

@@ -148,10 +148,13 @@ type side struct {
 	allocs    uint64
 }
 
-// measure runs f and adds what it took to s. The goroutines f starts carry
-// the label side=s.name, so that a CPU profile can be cut by side (go tool
-// pprof -tagfocus side=sinkbatch).
+// measure runs f and adds what it took to s. It starts after a collection
+// (untimed), so that each side pays for the garbage it makes rather than
+// for what the other left. The goroutines f starts carry the label
+// side=s.name, so that a CPU profile can be cut by side (go tool pprof
+// -tagfocus side=sinkbatch).
 func (s *side) measure(b *testing.B, f func()) {
+	runtime.GC()
 	a0, cpu0, t0 := mallocs(), usage(b), time.Now()
 	pprof.Do(context.Background(), pprof.Labels("side", s.name), func(context.Context) { f() })
 	s.wall += time.Since(t0)
