@@ -44,14 +44,18 @@ const (
 // client and call options, fed pre-built 1000-message requests of the same
 // messages from 8 goroutines, with no callers at all; and, unordered only,
 // against the handoff (see newHandoff): the same callers, each handing its
-// message to one collector goroutine and waiting for its id, the least any
-// publisher with waiting callers does. Each iteration publishes one message
+// message to one collector goroutine and waiting for its id, the least a
+// publisher does whose messages pass through one consumer (as a batcher's
+// mailbox is); and, unordered only, against the self-batching callers (see
+// newSelfBatch), who batch under a lock with no consumer at all. Each iteration publishes one message
 // through each. It reports msgs/s and CPU time (user+sys of the whole
 // process, the in-process server included) per message and heap allocations
 // (runtime.MemStats.Mallocs, the whole process, the server included) per
 // message for each, and sinkbatch's ratios to google (rate-ratio,
 // cpu-ratio), to the floor (floor-rate-ratio, floor-cpu-ratio) and to the
-// handoff (handoff-rate-ratio, handoff-cpu-ratio).
+// handoff (handoff-rate-ratio, handoff-cpu-ratio), and the handoff's and
+// the self-batching callers' msgs/s ratios to the floor
+// (handoff-floor-ratio, selfbatch-floor-ratio).
 func BenchmarkPublish(b *testing.B) {
 	for _, ordered := range []bool{false, true} {
 		for _, callers := range []int{256, 2048} {
@@ -147,14 +151,16 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	}
 	floor := newFloor(b, srv.Addr, body, keys)
 	g, s, f := &side{name: "google", run: google}, &side{name: "sinkbatch", run: sinkbatch}, &side{name: "floor", run: floor}
-	var h *side // the handoff baseline; unordered only
+	var h, sb *side // the handoff and self-batching baselines; unordered only
 	order := []*side{g, s, f}
 	if !ordered {
 		send := newHandoff(b, srv.Addr, body, callers)
 		h = &side{name: "handoff", run: func(n int) (time.Duration, time.Duration) { return drive(b, n, callers, send) }}
-		order = []*side{g, s, h, f}
+		self := newSelfBatch(b, srv.Addr, body, callers)
+		sb = &side{name: "selfbatch", run: func(n int) (time.Duration, time.Duration) { return drive(b, n, callers, self) }}
+		order = []*side{g, s, h, sb, f}
 	}
-	// Halves in the order google, sinkbatch, (handoff,) floor, then back,
+	// Halves in the order google, sinkbatch, (handoff, selfbatch,) floor, then back,
 	// so that none always runs first or last.
 	first, second := b.N/2, b.N-b.N/2
 	b.ReportAllocs()
@@ -192,6 +198,11 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 		b.ReportMetric(float64(h.allocs)/n, "handoff-allocs/msg")
 		b.ReportMetric(sRate/hRate, "handoff-rate-ratio")
 		b.ReportMetric(sCPUPer/hCPUPer, "handoff-cpu-ratio")
+		b.ReportMetric(hRate/fRate, "handoff-floor-ratio")
+		sbRate := n / sb.wall.Seconds()
+		b.ReportMetric(sbRate, "selfbatch-msgs/s")
+		b.ReportMetric(float64(sb.cpu.Microseconds())/n, "selfbatch-cpu-µs/msg")
+		b.ReportMetric(sbRate/fRate, "selfbatch-floor-ratio")
 	}
 }
 
@@ -285,7 +296,99 @@ func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller
 	}
 }
 
-// side is one of BenchmarkPublish's three ways to publish and what it took.
+// newSelfBatch returns BenchmarkPublish's self-batching baseline: waiting
+// callers with no consumer between them and their request. Each caller
+// appends its reply channel to a shared batch under a mutex; the caller
+// that fills it to benchMaxCount, or a timer benchDelay after the batch's
+// first message, publishes it on a goroutine of its own (at most
+// floorSenders at once) through the floor's client call, which hands each
+// caller its id. No tenants, bounds, validation, deadlines, actors or
+// ordering keys. The returned send is for drive.
+func newSelfBatch(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
+	client, err := newAPIClient(addr)
+	require.NoError(b, err)
+	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+	type answer struct {
+		id  string
+		err error
+	}
+	replies := make([]chan answer, callers) // one per caller, which waits for one answer at a time
+	for i := range replies {
+		replies[i] = make(chan answer, 1)
+	}
+	var (
+		slots   = make(chan struct{}, floorSenders)
+		workers sync.WaitGroup
+		mu      sync.Mutex
+		batch   []chan answer
+		gen     int // counts the batches taken; a linger timer of an older one does nothing
+		linger  *time.Timer
+	)
+	b.Cleanup(func() {
+		workers.Wait()
+		require.NoError(b, client.Close())
+	})
+	publish := func(calls []chan answer) {
+		slots <- struct{}{}
+		workers.Go(func() {
+			defer func() { <-slots }()
+			protos := make([]pubsubpb.PubsubMessage, len(calls))
+			msgs := make([]*pubsubpb.PubsubMessage, len(calls))
+			for j := range msgs {
+				protos[j].Data = body
+				msgs[j] = &protos[j]
+			}
+			resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, callOpts...)
+			if err == nil && len(resp.MessageIds) != len(calls) {
+				err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
+			}
+			for j, reply := range calls {
+				if err != nil {
+					reply <- answer{err: err}
+				} else {
+					reply <- answer{id: resp.MessageIds[j]}
+				}
+			}
+		})
+	}
+	// take hands over the batch; mu is held.
+	take := func() []chan answer {
+		calls := batch
+		batch = make([]chan answer, 0, benchMaxCount)
+		gen++
+		return calls
+	}
+	return func(caller, _ int) (string, error) {
+		var full []chan answer
+		mu.Lock()
+		batch = append(batch, replies[caller])
+		if len(batch) == 1 {
+			g := gen
+			linger = time.AfterFunc(benchDelay, func() {
+				mu.Lock()
+				if gen != g {
+					mu.Unlock()
+					return
+				}
+				calls := take()
+				mu.Unlock()
+				publish(calls)
+			})
+		}
+		if len(batch) == benchMaxCount {
+			linger.Stop()
+			full = take()
+		}
+		mu.Unlock()
+		if full != nil {
+			publish(full)
+		}
+		a := <-replies[caller]
+		return a.id, a.err
+	}
+}
+
+// side is one of BenchmarkPublish's ways to publish and what it took.
 type side struct {
 	name   string
 	run    func(n int) (wall, cpu time.Duration)
