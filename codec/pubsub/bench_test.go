@@ -15,6 +15,7 @@ import (
 	"time"
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
+	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/googleapis/gax-go/v2"
 	"github.com/stretchr/testify/require"
@@ -218,15 +219,7 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
 	client, err := newAPIClient(addr)
 	require.NoError(b, err)
-	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
-	type answer struct {
-		id  string
-		err error
-	}
-	replies := make([]chan answer, callers) // one per caller, which waits for one answer at a time
-	for i := range replies {
-		replies[i] = make(chan answer, 1)
-	}
+	replies := answerChannels(callers)
 	in := make(chan chan answer, callers)
 	done, stopped := make(chan struct{}), make(chan struct{})
 	b.Cleanup(func() {
@@ -252,23 +245,7 @@ func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller
 			slots <- struct{}{}
 			workers.Go(func() {
 				defer func() { <-slots }()
-				protos := make([]pubsubpb.PubsubMessage, len(calls))
-				msgs := make([]*pubsubpb.PubsubMessage, len(calls))
-				for j := range msgs {
-					protos[j].Data = body
-					msgs[j] = &protos[j]
-				}
-				resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, callOpts...)
-				if err == nil && len(resp.MessageIds) != len(calls) {
-					err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
-				}
-				for j, reply := range calls {
-					if err != nil {
-						reply <- answer{err: err}
-					} else {
-						reply <- answer{id: resp.MessageIds[j]}
-					}
-				}
+				publishAnswering(client, body, calls)
 			})
 		}
 		for {
@@ -296,6 +273,47 @@ func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller
 	}
 }
 
+// answer is a handoff or self-batching caller's message id or error.
+type answer struct {
+	id  string
+	err error
+}
+
+// answerChannels makes one answer channel per caller, who waits for one
+// answer at a time.
+func answerChannels(callers int) []chan answer {
+	replies := make([]chan answer, callers)
+	for i := range replies {
+		replies[i] = make(chan answer, 1)
+	}
+	return replies
+}
+
+// publishAnswering publishes one message of body per call through client
+// as the floor does, and answers each call with its message's id.
+func publishAnswering(client *apiv1.TopicAdminClient, body []byte, calls []chan answer) {
+	protos := make([]pubsubpb.PubsubMessage, len(calls))
+	msgs := make([]*pubsubpb.PubsubMessage, len(calls))
+	for j := range msgs {
+		protos[j].Data = body
+		msgs[j] = &protos[j]
+	}
+	resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, floorCallOpts...)
+	if err == nil && len(resp.MessageIds) != len(calls) {
+		err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
+	}
+	for j, reply := range calls {
+		if err != nil {
+			reply <- answer{err: err}
+		} else {
+			reply <- answer{id: resp.MessageIds[j]}
+		}
+	}
+}
+
+// floorCallOpts are the per-call options the codec calls Publish with.
+var floorCallOpts = []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
+
 // newSelfBatch returns BenchmarkPublish's self-batching baseline: waiting
 // callers with no consumer between them and their request. Each caller
 // appends its reply channel to a shared batch under a mutex; the caller
@@ -307,15 +325,7 @@ func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller
 func newSelfBatch(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
 	client, err := newAPIClient(addr)
 	require.NoError(b, err)
-	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
-	type answer struct {
-		id  string
-		err error
-	}
-	replies := make([]chan answer, callers) // one per caller, which waits for one answer at a time
-	for i := range replies {
-		replies[i] = make(chan answer, 1)
-	}
+	replies := answerChannels(callers)
 	var (
 		slots   = make(chan struct{}, floorSenders)
 		workers sync.WaitGroup
@@ -332,23 +342,7 @@ func newSelfBatch(b *testing.B, addr string, body []byte, callers int) func(call
 		slots <- struct{}{}
 		workers.Go(func() {
 			defer func() { <-slots }()
-			protos := make([]pubsubpb.PubsubMessage, len(calls))
-			msgs := make([]*pubsubpb.PubsubMessage, len(calls))
-			for j := range msgs {
-				protos[j].Data = body
-				msgs[j] = &protos[j]
-			}
-			resp, err := client.Publish(context.Background(), &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}, callOpts...)
-			if err == nil && len(resp.MessageIds) != len(calls) {
-				err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(calls))
-			}
-			for j, reply := range calls {
-				if err != nil {
-					reply <- answer{err: err}
-				} else {
-					reply <- answer{id: resp.MessageIds[j]}
-				}
-			}
+			publishAnswering(client, body, calls)
 		})
 	}
 	// take hands over the batch; mu is held.
@@ -429,7 +423,6 @@ func newFloor(b *testing.B, addr string, body []byte, keys []string) func(n int)
 	client, err := newAPIClient(addr) // the options the codec dials with for Insecure
 	require.NoError(b, err)
 	b.Cleanup(func() { require.NoError(b, client.Close()) })
-	callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)} // as the codec's
 
 	var distinct []string // the keys, each once, in first-seen order
 	seen := map[string]bool{}
@@ -469,7 +462,7 @@ func newFloor(b *testing.B, addr string, body []byte, keys []string) func(n int)
 					if rest := n - k*benchMaxCount; rest < benchMaxCount {
 						req = &pubsubpb.PublishRequest{Topic: req.Topic, Messages: req.Messages[:rest]}
 					}
-					resp, err := client.Publish(context.Background(), req, callOpts...)
+					resp, err := client.Publish(context.Background(), req, floorCallOpts...)
 					if err == nil && len(resp.MessageIds) != len(req.Messages) {
 						err = fmt.Errorf("%d ids for %d messages", len(resp.MessageIds), len(req.Messages))
 					}
@@ -636,11 +629,10 @@ func BenchmarkSendBatch(b *testing.B) {
 				client, err := newAPIClient(srv.Addr)
 				require.NoError(b, err)
 				b.Cleanup(func() { require.NoError(b, client.Close()) })
-				callOpts := []gax.CallOption{gax.WithRetry(nil), gax.WithTimeout(pubsub.DefaultTimeout)}
 				req := &pubsubpb.PublishRequest{Topic: testTopic, Messages: msgs}
 				b.ReportAllocs()
 				for b.Loop() {
-					if _, err := client.Publish(b.Context(), req, callOpts...); err != nil {
+					if _, err := client.Publish(b.Context(), req, floorCallOpts...); err != nil {
 						b.Fatal(err)
 					}
 					srv.ClearMessages()
