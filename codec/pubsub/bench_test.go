@@ -17,6 +17,7 @@ import (
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/googleapis/gax-go/v2"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/pubsub"
+	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
 // Benchmark parameters shared by sinkbatch and the baseline.
@@ -44,10 +46,10 @@ const (
 // low-level TopicAdminClient.Publish the codec calls, with the codec's
 // client and call options, fed pre-built 1000-message requests of the same
 // messages from 8 goroutines, with no callers at all; and, unordered only,
-// against the handoff (see newHandoff): the same callers, each handing its
-// message to one collector goroutine and waiting for its id, the least a
-// publisher does whose messages pass through one consumer (as a batcher's
-// mailbox is); and, unordered only, against the self-batching callers (see
+// against the handoff (see newHandoff): the same callers, each sending its
+// message to one bare protoactor actor that batches them and waiting for
+// its id, the least a publisher does whose messages pass through one
+// actor's mailbox (as they pass through a batcher's); and, unordered only, against the self-batching callers (see
 // newSelfBatch), who batch under a lock with no consumer at all. Each iteration publishes one message
 // through each. It reports msgs/s and CPU time (user+sys of the whole
 // process, the in-process server included) per message and heap allocations
@@ -208,69 +210,79 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 }
 
 // newHandoff returns BenchmarkPublish's handoff baseline: about the least a
-// publisher must do whose callers each wait for their own message's id.
-// Each caller hands its message to one collector goroutine over a channel;
-// the collector makes requests of benchMaxCount messages, or of what came
-// within benchDelay of a request's first message, publishes up to
-// floorSenders of them at once through the floor's client call, and hands
-// each caller its id over the caller's own channel. No tenants, bounds,
-// validation, deadlines, actors or ordering keys. The returned send is for
-// drive; the collector stops at clean-up.
+// publisher does whose callers each wait for their own message's id and
+// whose messages pass through one actor's mailbox, as sinkbatch's pass
+// through a batcher's. Each caller sends its reply channel to one protoactor
+// actor (the collector, default mailbox); the collector makes requests of
+// benchMaxCount messages, or of what came within benchDelay of a request's
+// first message, publishes up to floorSenders of them at once through the
+// floor's client call, and hands each caller its id over the caller's own
+// channel. No tenants, bounds, validation, deadlines or ordering keys. The
+// returned send is for drive; the collector stops at clean-up.
 func newHandoff(b *testing.B, addr string, body []byte, callers int) func(caller, i int) (string, error) {
 	client, err := newAPIClient(addr)
 	require.NoError(b, err)
 	replies := answerChannels(callers)
-	in := make(chan chan answer, callers)
-	done, stopped := make(chan struct{}), make(chan struct{})
+	system := testinst.System()
+	c := &collector{root: system.Root, slots: make(chan struct{}, floorSenders)}
+	c.publish = func(calls []chan answer) { publishAnswering(client, body, calls) }
+	pid := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return c }))
 	b.Cleanup(func() {
-		close(done)
-		<-stopped
+		require.NoError(b, system.Root.StopFuture(pid).Wait())
+		c.workers.Wait()
 		require.NoError(b, client.Close())
+		system.Shutdown()
 	})
-	go func() {
-		defer close(stopped)
-		var (
-			slots   = make(chan struct{}, floorSenders)
-			workers sync.WaitGroup
-			batch   []chan answer
-			timer   = time.NewTimer(time.Hour)
-			linger  <-chan time.Time
-		)
-		timer.Stop()
-		defer workers.Wait()
-		publish := func() {
-			calls := batch
-			batch, linger = nil, nil
-			timer.Stop()
-			slots <- struct{}{}
-			workers.Go(func() {
-				defer func() { <-slots }()
-				publishAnswering(client, body, calls)
-			})
-		}
-		for {
-			select {
-			case reply := <-in:
-				batch = append(batch, reply)
-				if len(batch) == 1 {
-					timer.Reset(benchDelay)
-					linger = timer.C
-				}
-				if len(batch) == benchMaxCount {
-					publish()
-				}
-			case <-linger:
-				publish()
-			case <-done:
-				return
-			}
-		}
-	}()
 	return func(caller, _ int) (string, error) {
-		in <- replies[caller]
+		system.Root.Send(pid, replies[caller])
 		a := <-replies[caller]
 		return a.id, a.err
 	}
+}
+
+// collector is the handoff's actor: it batches the reply channels sent to
+// it and publishes each batch on a goroutine of its own.
+type collector struct {
+	root    *actor.RootContext
+	publish func(calls []chan answer)
+	slots   chan struct{} // at most floorSenders publish at once
+	workers sync.WaitGroup
+	batch   []chan answer
+	gen     int // counts the batches taken; a linger of an older one does nothing
+}
+
+// linger is what the collector's timer sends it benchDelay after a batch's
+// first message.
+type linger struct{ gen int }
+
+func (c *collector) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case chan answer:
+		c.batch = append(c.batch, m)
+		if len(c.batch) == 1 {
+			self, l := ctx.Self(), &linger{gen: c.gen}
+			time.AfterFunc(benchDelay, func() { c.root.Send(self, l) })
+		}
+		if len(c.batch) == benchMaxCount {
+			c.take()
+		}
+	case *linger:
+		if m.gen == c.gen {
+			c.take()
+		}
+	}
+}
+
+// take publishes the batch and starts the next.
+func (c *collector) take() {
+	calls := c.batch
+	c.batch = make([]chan answer, 0, benchMaxCount)
+	c.gen++
+	c.slots <- struct{}{}
+	c.workers.Go(func() {
+		defer func() { <-c.slots }()
+		c.publish(calls)
+	})
 }
 
 // answer is a handoff or self-batching caller's message id or error.
