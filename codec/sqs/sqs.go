@@ -318,6 +318,19 @@ func (c *Codec) Tuning() codec.Tuning { return c.tuning }
 // QueueURL is the queue the codec sends to.
 func (c *Codec) QueueURL() string { return c.queueURL }
 
+// attributesSize is the weight of attrs as SQS counts it. It is a function
+// of its own, apart from Size: a map iterator is large, and Size runs on the
+// batcher's goroutine, whose stack starts small each time its mailbox
+// wakes; with one in Size's frame, the stack grew (a copy of it) for many a
+// delivery that has no attributes at all.
+func attributesSize(attrs map[string]string) int {
+	n := 0
+	for k, v := range attrs {
+		n += len(k) + len(stringType) + len(v)
+	}
+	return n
+}
+
 // FIFO reports whether the queue is a FIFO queue.
 func (c *Codec) FIFO() bool { return c.fifo }
 
@@ -326,8 +339,8 @@ func (c *Codec) FIFO() bool { return c.fifo }
 // context the codec carries included (see Config.TracePropagation).
 func (c *Codec) Size(m codec.Message) int {
 	n := len(m.Body) + c.carried(m).size(m)
-	for k, v := range m.Attributes {
-		n += len(k) + len(stringType) + len(v)
+	if len(m.Attributes) > 0 {
+		n += attributesSize(m.Attributes)
 	}
 	if m.IdempotencyKey != "" {
 		n += len(c.idemAttr) + len(stringType) + len(m.IdempotencyKey)

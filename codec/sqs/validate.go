@@ -40,20 +40,9 @@ func (c *Codec) Validate(m codec.Message) error {
 	if n > MaxAttributes {
 		return invalid(CodeTooManyAttributes, fmt.Sprintf("%d message attributes (the idempotency key and the W3C trace context count); SQS allows %d", n, MaxAttributes))
 	}
-	names := make([]string, 0, len(m.Attributes))
-	for k := range m.Attributes {
-		names = append(names, k)
-	}
-	sort.Strings(names) // report the same fault first every time
-	for _, k := range names {
-		if err := checkAttributeName(k); err != "" {
-			return invalid(CodeInvalidAttributeName, err)
-		}
-		if m.IdempotencyKey != "" && k == c.idemAttr {
-			return invalid(CodeInvalidAttributeName, fmt.Sprintf("attribute %q is reserved for the idempotency key", k))
-		}
-		if err := checkAttributeValue(m.Attributes[k]); err != "" {
-			return invalid(CodeInvalidAttributeValue, fmt.Sprintf("attribute %q %s", k, err))
+	if len(m.Attributes) > 0 {
+		if err := c.checkAttributes(m); err != nil {
+			return err
 		}
 	}
 	if m.IdempotencyKey != "" {
@@ -81,6 +70,28 @@ func (c *Codec) Validate(m codec.Message) error {
 	}
 	if size := c.Size(m); size > c.maxMessage {
 		return fmt.Errorf("sinkbatch/sqs: a message of %d bytes (body and attributes) exceeds %s, %d: %w", size, c.maxMessageFrom, c.maxMessage, codec.ErrTooLarge)
+	}
+	return nil
+}
+
+// checkAttributes is Validate's check of m's attributes, in a function of
+// its own for the reason given at attributesSize.
+func (c *Codec) checkAttributes(m codec.Message) error {
+	names := make([]string, 0, len(m.Attributes))
+	for k := range m.Attributes {
+		names = append(names, k)
+	}
+	sort.Strings(names) // report the same fault first every time
+	for _, k := range names {
+		if err := checkAttributeName(k); err != "" {
+			return invalid(CodeInvalidAttributeName, err)
+		}
+		if m.IdempotencyKey != "" && k == c.idemAttr {
+			return invalid(CodeInvalidAttributeName, fmt.Sprintf("attribute %q is reserved for the idempotency key", k))
+		}
+		if err := checkAttributeValue(m.Attributes[k]); err != "" {
+			return invalid(CodeInvalidAttributeValue, fmt.Sprintf("attribute %q %s", k, err))
+		}
 	}
 	return nil
 }
