@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -27,13 +26,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/pubsubtest"
 	"github.com/ankusa/sinkbatch/internal/sqstest"
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -168,10 +167,6 @@ type PubSub struct {
 	addr  string
 }
 
-type reactor func(*pubsubpb.PublishRequest) (bool, any, error)
-
-func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
-
 // NewPubSub starts pstest; it stops with tb.
 func NewPubSub(tb testing.TB, f *Faults) *PubSub {
 	tb.Helper()
@@ -183,24 +178,7 @@ func NewPubSub(tb testing.TB, f *Faults) *PubSub {
 		return false, nil, nil
 	}
 	p := &PubSub{Topic: "projects/flow/topics/ordered"}
-	p.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(react)})
-	if _, err := p.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: p.Topic}); err != nil {
-		tb.Fatalf("create topic: %v", err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	g := grpc.NewServer()
-	pubsubpb.RegisterPublisherServer(g, &p.Srv.GServer)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	tb.Cleanup(func() {
-		g.Stop()
-		<-done
-		_ = p.Srv.Close()
-	})
-	p.addr = lis.Addr().String()
+	p.Srv, p.addr = pubsubtest.Serve(tb, react, []string{p.Topic})
 	return p
 }
 

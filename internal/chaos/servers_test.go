@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -32,6 +31,7 @@ import (
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/pubsubtest"
 	"github.com/ankusa/sinkbatch/internal/sqstest"
 )
 
@@ -255,28 +255,10 @@ type pubsubEnv struct {
 	Publishes atomic.Int64 // Publish calls that reached the fake
 }
 
-// reactor adapts a function to pstest.Reactor.
-type reactor func(req *pubsubpb.PublishRequest) (handled bool, ret any, err error)
-
-func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
-
 func newPubSubEnv(t *testing.T, faults *pubsubFaults, poison bool, topics ...string) *pubsubEnv {
 	t.Helper()
 	e := &pubsubEnv{faults: faults, poison: poison}
-	e.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(e.react)})
-	t.Cleanup(func() { _ = e.Srv.Close() })
-	for _, name := range topics {
-		_, err := e.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: name})
-		require.NoError(t, err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer(grpc.UnaryInterceptor(e.intercept))
-	pubsubpb.RegisterPublisherServer(g, &e.Srv.GServer)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); <-done })
-	e.Addr = lis.Addr().String()
+	e.Srv, e.Addr = pubsubtest.Serve(t, e.react, topics, grpc.UnaryInterceptor(e.intercept))
 	return e
 }
 
