@@ -102,12 +102,7 @@ func TestFaultServerError(t *testing.T) {
 
 func TestFaultServerErrorThenSuccess(t *testing.T) {
 	f := newFaultEnv(t, true)
-	f.proxy.Set(func(c *sqstest.Call) sqstest.Action {
-		if c.N > 2 {
-			return sqstest.Action{}
-		}
-		return sqstest.Action{Answer: sqstest.Error(http.StatusServiceUnavailable, "ServiceUnavailable", "injected")}
-	})
+	f.proxy.Set(sqstest.First(2, sqstest.Error(http.StatusServiceUnavailable, "ServiceUnavailable", "injected")))
 	batch := batchOf(runName(t), 0, 10, 3)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err, "the SDK's third attempt succeeds")
@@ -162,18 +157,14 @@ func TestFaultConnectionReset(t *testing.T) {
 
 func TestFaultConnectionResetThenSuccess(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.Set(func(c *sqstest.Call) sqstest.Action {
-		if c.N > 1 {
-			return sqstest.Action{}
-		}
-		return sqstest.Action{Answer: sqstest.Reset}
-	})
+	f.proxy.Set(sqstest.First(1, sqstest.Reset))
 	batch := batchOf(runName(t), 0, 5, 1)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err)
 	for _, r := range res {
 		require.NoError(t, r.Err)
 	}
+	assert.EqualValues(t, 2, f.proxy.Calls(), "the SDK sends the reset call again")
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
 }
 

@@ -254,6 +254,17 @@ func Always(answer func(w http.ResponseWriter)) Fault {
 	return func(*Call) Action { return Action{Answer: answer} }
 }
 
+// First is a Fault that answers the first n SendMessageBatch calls with
+// answer and forwards the others.
+func First(n int, answer func(w http.ResponseWriter)) Fault {
+	return func(c *Call) Action {
+		if c.N > n {
+			return Action{}
+		}
+		return Action{Answer: answer}
+	}
+}
+
 // Rewrite is a Fault that forwards every SendMessageBatch call and edits
 // the server's answer with edit.
 func Rewrite(edit func(a *BatchAnswer)) Fault {
