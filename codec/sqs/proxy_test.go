@@ -168,6 +168,20 @@ func TestFaultConnectionResetThenSuccess(t *testing.T) {
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
 }
 
+// onlyEntryFailed requires every result of res but the i-th to be a
+// success and the i-th to be an EntryError, which it returns.
+func onlyEntryFailed(t *testing.T, res []codec.Result, i int) *codec.EntryError {
+	t.Helper()
+	for j, r := range res {
+		if j != i {
+			require.NoError(t, r.Err, "entry %d", j)
+		}
+	}
+	var ee *codec.EntryError
+	require.ErrorAs(t, res[i].Err, &ee)
+	return ee
+}
+
 // entryIndex is the batch position behind an answer entry's Id.
 func entryIndex(e map[string]any) int {
 	i, _ := strconv.Atoi(e["Id"].(string))
@@ -186,17 +200,10 @@ func TestFaultWrongBodyMD5OnOneEntry(t *testing.T) {
 	batch := batchOf(runName(t), 0, 5, 1)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err, "one entry's mismatch must not fail the request")
-	for i, r := range res {
-		if i == 2 {
-			var ee *codec.EntryError
-			require.ErrorAs(t, r.Err, &ee)
-			assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
-			assert.False(t, codec.IsPermanent(r.Err))
-			assert.Contains(t, ee.Message, "MD5OfMessageBody")
-			continue
-		}
-		require.NoError(t, r.Err)
-	}
+	ee := onlyEntryFailed(t, res, 2)
+	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
+	assert.False(t, codec.IsPermanent(res[2].Err))
+	assert.Contains(t, ee.Message, "MD5OfMessageBody")
 	// kumo stored all five; the four acknowledged are among them.
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
 }
@@ -224,10 +231,7 @@ func TestFaultWrongAttributesMD5OnOneEntry(t *testing.T) {
 	}))
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err)
-	require.NoError(t, res[0].Err)
-	require.NoError(t, res[2].Err)
-	var ee *codec.EntryError
-	require.ErrorAs(t, res[1].Err, &ee)
+	ee := onlyEntryFailed(t, res, 1)
 	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
 	assert.Contains(t, ee.Message, "MD5OfMessageAttributes")
 	assert.False(t, codec.IsPermanent(res[1].Err))
@@ -454,10 +458,7 @@ func TestFaultSuccessAndFailure(t *testing.T) {
 			batch := batchOf(runName(t), 0, 3, 1)
 			res, err := f.codec.SendBatch(ctx(t), batch)
 			require.NoError(t, err)
-			require.NoError(t, res[0].Err)
-			require.NoError(t, res[2].Err)
-			var ee *codec.EntryError
-			require.ErrorAs(t, res[1].Err, &ee)
+			ee := onlyEntryFailed(t, res, 1)
 			assert.Equal(t, sqs.CodeConflictingResult, ee.Code)
 			assert.False(t, codec.IsPermanent(res[1].Err))
 			f.acknowledgedAreStored(t, batch, res)
@@ -481,17 +482,10 @@ func TestFaultMissingChecksums(t *testing.T) {
 		batch := batchOf(runName(t), 0, 4, 1)
 		res, err := f.codec.SendBatch(ctx(t), batch)
 		require.NoError(t, err)
-		for i, r := range res {
-			if i != 2 {
-				require.NoError(t, r.Err)
-				continue
-			}
-			var ee *codec.EntryError
-			require.ErrorAs(t, r.Err, &ee)
-			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
-			assert.Contains(t, ee.Message, "MD5OfMessageBody")
-			assert.False(t, codec.IsPermanent(r.Err))
-		}
+		ee := onlyEntryFailed(t, res, 2)
+		assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+		assert.Contains(t, ee.Message, "MD5OfMessageBody")
+		assert.False(t, codec.IsPermanent(res[2].Err))
 		f.acknowledgedAreStored(t, batch, res)
 	})
 	t.Run("attributes", func(t *testing.T) {
