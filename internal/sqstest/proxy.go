@@ -137,21 +137,21 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	var failed []map[string]any
 	if act.Fail != nil {
 		body, failed = failEntries(body, act.Fail)
-		if body == nil {
-			writeJSON(w, BatchAnswer{Successful: []map[string]any{}, Failed: failed})
+	}
+	status, header, answer := http.StatusOK, http.Header{"Content-Type": {"application/x-amz-json-1.0"}}, []byte(`{"Successful":[]}`)
+	if body != nil { // some entry is left for the server
+		resp, err := p.forward(r, body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-	}
-	resp, answer, err := p.forward(r, body)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
+		status, header, answer = resp.status, resp.header, resp.body
 	}
 	if act.ResetAfter {
 		Reset(w)
 		return
 	}
-	if resp.StatusCode == http.StatusOK && (act.Rewrite != nil || len(failed) > 0) {
+	if status == http.StatusOK && (act.Rewrite != nil || len(failed) > 0) {
 		var a BatchAnswer
 		if err := json.Unmarshal(answer, &a); err != nil {
 			http.Error(w, "sqstest: the server's answer: "+err.Error(), http.StatusBadGateway)
@@ -169,29 +169,36 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	if act.After > 0 && !wait(r.Context(), act.After) {
 		return
 	}
-	for k, vs := range resp.Header {
+	for k, vs := range header {
 		w.Header()[k] = vs
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
-	w.WriteHeader(resp.StatusCode)
+	w.WriteHeader(status)
 	_, _ = w.Write(answer)
 }
 
+// reply is the server's answer to a forwarded call.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
 // forward sends r, with body, to the server and reads its answer.
-func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, error) {
+func (p *Proxy) forward(r *http.Request, body []byte) (reply, error) {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return nil, nil, err
+		return reply{}, err
 	}
 	req.Header = r.Header.Clone()
 	req.Header.Del("Content-Length") // the body may have lost entries
 	resp, err := p.tr.RoundTrip(req)
 	if err != nil {
-		return nil, nil, err
+		return reply{}, err
 	}
 	defer resp.Body.Close()
-	answer, err := io.ReadAll(resp.Body)
-	return resp, answer, err
+	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, b}, err
 }
 
 // failEntries returns the request without the entries fail fails (nil if
@@ -236,17 +243,6 @@ func wait(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
 }
 
 // Always is a Fault that answers every SendMessageBatch call with answer.
