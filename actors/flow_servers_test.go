@@ -7,18 +7,12 @@
 package actors_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,14 +26,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/pubsubtest"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -72,7 +66,7 @@ func (f *Faults) chance(p float64) bool {
 
 // ---- SQS: fauxqs behind a proxy ----
 
-// SQS is a FIFO queue on fauxqs, with a proxy in front that injects
+// SQS is a FIFO queue on fauxqs, with sqstest's proxy in front that injects
 // Faults into SendMessageBatch calls.
 type SQS struct {
 	QueueURL string
@@ -88,16 +82,13 @@ func NewSQS(tb testing.TB, f *Faults) *SQS {
 	if ep == "" {
 		tb.Skipf("%s is unset: run `eval \"$(bash .ci/fauxqs/start.sh)\"` first", FauxqsEnv)
 	}
-	p := &sqsProxy{target: ep, faults: f, tr: http.DefaultTransport.(*http.Transport).Clone()}
-	p.tr.MaxIdleConnsPerHost = 64
-	srv := httptest.NewServer(p)
+	p := sqstest.New(tb, ep)
+	if f != nil {
+		p.Set(f.sqsFault)
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
-	tb.Cleanup(func() {
-		srv.Close()
-		p.tr.CloseIdleConnections()
-		tr.CloseIdleConnections()
-	})
+	tb.Cleanup(tr.CloseIdleConnections)
 	base := aws.Config{
 		Region:      "us-east-1",
 		Credentials: credentials.NewStaticCredentialsProvider("AKIDFLOW", "secret-flow", ""),
@@ -107,7 +98,7 @@ func NewSQS(tb testing.TB, f *Faults) *SQS {
 		HTTPClient: &http.Client{Transport: tr},
 	}
 	s := &SQS{cfg: base}
-	s.cfg.BaseEndpoint = aws.String(srv.URL)
+	s.cfg.BaseEndpoint = aws.String(p.URL)
 	adminCfg := base
 	adminCfg.BaseEndpoint = aws.String(ep)
 	adminCfg.Retryer = func() aws.Retryer { return retry.NewStandard() }
@@ -138,184 +129,32 @@ func (s *SQS) Codec(tb testing.TB, t codec.Tuning) *sqs.Codec {
 // bodies of each group in sequence-number order, each body once.
 func (s *SQS) Stored(tb testing.TB) map[string][]string {
 	tb.Helper()
-	type msg struct {
-		group, body string
-		seq         string
-	}
-	var all []msg
-	seen := map[string]bool{}
-	last := time.Now()
-	for {
-		out, err := s.admin.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
-			QueueUrl: aws.String(s.QueueURL), MaxNumberOfMessages: 10, VisibilityTimeout: 2, WaitTimeSeconds: 1,
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		})
-		if err != nil {
-			tb.Fatalf("receive: %v", err)
-		}
-		if len(out.Messages) == 0 {
-			if s.left(tb) == 0 {
-				break
-			}
-			if time.Since(last) > time.Minute {
-				tb.Fatalf("read back: messages stay invisible")
-			}
-			continue
-		}
-		last = time.Now()
-		var del []types.DeleteMessageBatchRequestEntry
-		for i, m := range out.Messages {
-			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
-			if seen[aws.ToString(m.MessageId)] {
-				continue
-			}
-			seen[aws.ToString(m.MessageId)] = true
-			all = append(all, msg{group: m.Attributes["MessageGroupId"], body: aws.ToString(m.Body), seq: m.Attributes["SequenceNumber"]})
-		}
-		// A message whose delete fails comes back after its visibility
-		// timeout, and is seen once.
-		if _, err := s.admin.DeleteMessageBatch(context.Background(), &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.QueueURL), Entries: del}); err != nil {
-			tb.Logf("delete: %v", err)
-		}
-	}
-	sort.SliceStable(all, func(i, j int) bool {
-		a, b := all[i].seq, all[j].seq
-		if len(a) != len(b) {
-			return len(a) < len(b)
-		}
-		return a < b
-	})
 	out := map[string][]string{}
-	for _, m := range all {
-		out[m.group] = append(out[m.group], m.body)
+	for _, m := range sqstest.ReadBack(tb, s.admin, s.QueueURL) {
+		out[m.Group] = append(out[m.Group], m.Body)
 	}
 	return out
 }
 
-// left is the number of messages the queue holds, visible or not.
-func (s *SQS) left(tb testing.TB) int {
-	out, err := s.admin.GetQueueAttributes(context.Background(), &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(s.QueueURL),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
-	if err != nil {
-		tb.Fatalf("queue attributes: %v", err)
+// sqsFault fails a SendMessageBatch call as a whole (InternalError) with
+// odds f.Whole; otherwise it fails each entry (InternalError, retryable)
+// with odds f.Entry, and so every later entry of its group in the request,
+// which reaches fauxqs without them.
+func (f *Faults) sqsFault(*sqstest.Call) sqstest.Action {
+	if f.chance(f.Whole) {
+		f.Struck.Add(1)
+		return sqstest.Action{Answer: sqstest.Error(http.StatusInternalServerError, "InternalError", "flowtest: the request failed")}
 	}
-	n, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
-	m, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
-	return n + m
-}
-
-// sqsProxy forwards every call to fauxqs. A SendMessageBatch call fails as
-// a whole (InternalError) with odds Faults.Whole; otherwise each entry fails
-// (InternalError, retryable) with odds Faults.Entry, and so does every later
-// entry of its group in the request, which is then forwarded without them.
-type sqsProxy struct {
-	target string
-	tr     *http.Transport
-	faults *Faults
-}
-
-func (p *sqsProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return
-	}
-	var failed []map[string]any
-	if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" && p.faults != nil {
-		if p.faults.chance(p.faults.Whole) {
-			p.faults.Struck.Add(1)
-			awsError(w, http.StatusInternalServerError, "InternalError", "flowtest: the request failed")
-			return
-		}
-		body, failed = p.failEntries(body)
-		if body == nil {
-			writeJSON(w, map[string]any{"Successful": []any{}, "Failed": failed})
-			return
-		}
-	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	req.Header = r.Header.Clone()
-	req.Header.Del("Content-Length")
-	resp, err := p.tr.RoundTrip(req)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	answer, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	if len(failed) > 0 && resp.StatusCode == http.StatusOK {
-		var out map[string]any
-		if json.Unmarshal(answer, &out) == nil {
-			prev, _ := out["Failed"].([]any)
-			for _, f := range failed {
-				prev = append(prev, f)
-			}
-			out["Failed"] = prev
-			writeJSON(w, out)
-			return
-		}
-	}
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(answer)
-}
-
-// failEntries picks the entries that fail and returns the request without
-// them (nil if none is left) and their failure entries.
-func (p *sqsProxy) failEntries(body []byte) ([]byte, []map[string]any) {
-	var req map[string]any
-	if json.Unmarshal(body, &req) != nil {
-		return body, nil
-	}
-	entries, _ := req["Entries"].([]any)
 	stopped := map[string]bool{} // groups with a failed entry in this request
-	var keep []any
-	var failed []map[string]any
-	for _, x := range entries {
-		e, _ := x.(map[string]any)
+	return sqstest.Action{Fail: func(e map[string]any) map[string]any {
 		g, _ := e["MessageGroupId"].(string)
-		if stopped[g] || p.faults.chance(p.faults.Entry) {
-			stopped[g] = true
-			p.faults.Struck.Add(1)
-			failed = append(failed, map[string]any{"Id": e["Id"], "Code": "InternalError", "Message": "flowtest: the entry failed", "SenderFault": false})
-			continue
+		if !stopped[g] && !f.chance(f.Entry) {
+			return nil
 		}
-		keep = append(keep, x)
-	}
-	if len(failed) == 0 {
-		return body, nil
-	}
-	if len(keep) == 0 {
-		return nil, failed
-	}
-	req["Entries"] = keep
-	out, _ := json.Marshal(req)
-	return out, failed
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, _ := json.Marshal(v)
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
-}
-
-func awsError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-	w.Header().Set("X-Amzn-Query-Error", code+";Receiver")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
+		stopped[g] = true
+		f.Struck.Add(1)
+		return sqstest.Failure(e["Id"], "InternalError", "flowtest: the entry failed", false)
+	}}
 }
 
 // ---- Pub/Sub: pstest with a reactor ----
@@ -328,10 +167,6 @@ type PubSub struct {
 	addr  string
 }
 
-type reactor func(*pubsubpb.PublishRequest) (bool, any, error)
-
-func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
-
 // NewPubSub starts pstest; it stops with tb.
 func NewPubSub(tb testing.TB, f *Faults) *PubSub {
 	tb.Helper()
@@ -343,24 +178,7 @@ func NewPubSub(tb testing.TB, f *Faults) *PubSub {
 		return false, nil, nil
 	}
 	p := &PubSub{Topic: "projects/flow/topics/ordered"}
-	p.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(react)})
-	if _, err := p.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: p.Topic}); err != nil {
-		tb.Fatalf("create topic: %v", err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	g := grpc.NewServer()
-	pubsubpb.RegisterPublisherServer(g, &p.Srv.GServer)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	tb.Cleanup(func() {
-		g.Stop()
-		<-done
-		_ = p.Srv.Close()
-	})
-	p.addr = lis.Addr().String()
+	p.Srv, p.addr = pubsubtest.Serve(tb, react, []string{p.Topic})
 	return p
 }
 

@@ -20,17 +20,34 @@ func groupNames(n int) []string {
 	return gs
 }
 
-// strictRun delivers per messages to each of groups through c with the
-// retrying callers, and returns what the server stored.
-func strictRun(t *testing.T, c codec.Codec, stored func() map[string][]string, groups []string, per int) (outOfOrder, missing int, retries int64) {
-	t.Helper()
-	system, inst := start(t, actors.Config{Name: "strict"})
-	retries = Callers(t, system, inst.PID(), c, groups, per)
-	paused, err := inst.PausedGroups(context.Background(), c)
-	require.NoError(t, err)
-	assert.Empty(t, paused, "every failed message was retried: no group stays paused")
-	outOfOrder, missing = Violations(stored(), groups, per)
-	return outOfOrder, missing, retries
+// checkStrictGroups runs the property StrictGroups promises with it on and
+// off. dest makes one run's destination: the Faults its servers inject, a
+// codec with StrictGroups as given, and what the server stored. Each group's
+// messages go through retrying Callers; with StrictGroups every group is
+// stored in the order its caller first delivered it, without it the
+// followers of a failed message overtake its retry.
+func checkStrictGroups(t *testing.T, dest func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string)) {
+	groups := groupNames(8)
+	const per = 60
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			f, c, stored := dest(t, strict)
+			system, inst := start(t, actors.Config{Name: "strict"})
+			retries := Callers(t, system, inst.PID(), c, groups, per)
+			paused, err := inst.PausedGroups(context.Background(), c)
+			require.NoError(t, err)
+			assert.Empty(t, paused, "every failed message was retried: no group stays paused")
+			bad, missing := Violations(stored(), groups, per)
+			t.Logf("strict=%v: %d failures injected, %d retries, %d stored out of order", strict, f.Struck.Load(), retries, bad)
+			assert.Zero(t, missing, "every message is stored")
+			require.Positive(t, f.Struck.Load(), "failures were injected")
+			if strict {
+				assert.Zero(t, bad, "stored out of first-delivery order")
+			} else {
+				assert.Positive(t, bad, "without StrictGroups followers overtake the retry")
+			}
+		})
+	}
 }
 
 // The property StrictGroups promises, on a real SQS FIFO queue (fauxqs):
@@ -40,45 +57,19 @@ func strictRun(t *testing.T, c codec.Codec, stored func() map[string][]string, g
 // StrictGroups the same run stores followers before the failed message's
 // retry: the test would catch a broken promise.
 func TestStrictGroupsKeepOrderAcrossFailuresSQS(t *testing.T) {
-	groups := groupNames(8)
-	const per = 60
-	for _, strict := range []bool{true, false} {
-		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
-			f := NewFaults(0.05, 0.05, 1)
-			q := NewSQS(t, f)
-			c := q.Codec(t, codec.Tuning{StrictGroups: strict})
-			bad, missing, retries := strictRun(t, c, func() map[string][]string { return q.Stored(t) }, groups, per)
-			t.Logf("strict=%v: %d failures injected, %d retries, %d stored out of order", strict, f.Struck.Load(), retries, bad)
-			assert.Zero(t, missing, "every message is stored")
-			require.Positive(t, f.Struck.Load(), "failures were injected")
-			if strict {
-				assert.Zero(t, bad, "stored out of first-delivery order")
-			} else {
-				assert.Positive(t, bad, "without StrictGroups followers overtake the retry")
-			}
-		})
-	}
+	checkStrictGroups(t, func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string) {
+		f := NewFaults(0.05, 0.05, 1)
+		q := NewSQS(t, f)
+		return f, q.Codec(t, codec.Tuning{StrictGroups: strict}), func() map[string][]string { return q.Stored(t) }
+	})
 }
 
 // The same property with Pub/Sub ordering keys (pstest), whose Publish
 // succeeds or fails as a whole.
 func TestStrictGroupsKeepOrderAcrossFailuresPubSub(t *testing.T) {
-	groups := groupNames(8)
-	const per = 60
-	for _, strict := range []bool{true, false} {
-		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
-			f := NewFaults(0.1, 0, 2)
-			p := NewPubSub(t, f)
-			c := p.Codec(t, codec.Tuning{StrictGroups: strict, MaxEntries: 5})
-			bad, missing, retries := strictRun(t, c, p.Stored, groups, per)
-			t.Logf("strict=%v: %d failures injected, %d retries, %d stored out of order", strict, f.Struck.Load(), retries, bad)
-			assert.Zero(t, missing, "every message is stored")
-			require.Positive(t, f.Struck.Load(), "failures were injected")
-			if strict {
-				assert.Zero(t, bad, "stored out of first-delivery order")
-			} else {
-				assert.Positive(t, bad, "without StrictGroups followers overtake the retry")
-			}
-		})
-	}
+	checkStrictGroups(t, func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string) {
+		f := NewFaults(0.1, 0, 2)
+		p := NewPubSub(t, f)
+		return f, p.Codec(t, codec.Tuning{StrictGroups: strict, MaxEntries: 5}), p.Stored
+	})
 }

@@ -2,7 +2,6 @@ package telemetry
 
 import (
 	"context"
-	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -64,21 +63,6 @@ func (r *sinkRecorder) InflightLimit(destination string, limit int) {
 		o.limits = make(map[limitKey]int)
 	}
 	o.limits[k] = limit
-}
-
-// closeLimit unregisters the limit gauge's callback.
-func (o *OTel) closeLimit() error {
-	o.mu.Lock()
-	reg := o.limitReg
-	o.limitReg = nil
-	o.mu.Unlock()
-	if reg == nil {
-		return nil
-	}
-	if err := reg.Unregister(); err != nil {
-		return fmt.Errorf("sinkbatch: telemetry: %w", err)
-	}
-	return nil
 }
 
 var _ LimitRecorder = (*sinkRecorder)(nil)

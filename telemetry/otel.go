@@ -149,7 +149,7 @@ func New(mp metric.MeterProvider, instance string, gauges func() Gauges) (*OTel,
 	if gauges != nil {
 		reg, err := registerGauges(m, instance, gauges)
 		if err != nil {
-			_ = o.closeLimit()
+			_ = o.unregister(&o.limitReg)
 			return nil, fmt.Errorf("sinkbatch: telemetry: %w", err)
 		}
 		o.reg = reg
@@ -205,17 +205,23 @@ func (o *OTel) Sink(sink string) SinkRecorder {
 // their instruments hold nothing to release. Close is safe to call more than
 // once and always returns nil after the first call.
 func (o *OTel) Close() error {
-	if err := o.closeLimit(); err != nil {
+	if err := o.unregister(&o.limitReg); err != nil {
 		return err
 	}
+	return o.unregister(&o.reg)
+}
+
+// unregister takes *reg under o.mu, so that one caller alone sees it, and
+// unregisters it.
+func (o *OTel) unregister(reg *metric.Registration) error {
 	o.mu.Lock()
-	reg := o.reg
-	o.reg = nil
+	r := *reg
+	*reg = nil
 	o.mu.Unlock()
-	if reg == nil {
+	if r == nil {
 		return nil
 	}
-	if err := reg.Unregister(); err != nil {
+	if err := r.Unregister(); err != nil {
 		return fmt.Errorf("sinkbatch: telemetry: %w", err)
 	}
 	return nil

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 	"github.com/ankusa/sinkbatch/internal/testinst"
 )
 
@@ -84,8 +84,8 @@ func TestThroughBatcher(t *testing.T) {
 func testThroughBatcherStandard(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, false, false)
-	p := newProxy(t, e.endpoint) // counts the requests
-	c := e.codec(t, q, codec.Tuning{}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.url) })
+	p := sqstest.New(t, e.endpoint) // counts the requests
+	c := e.codec(t, q, codec.Tuning{}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.URL) })
 
 	const callers, each = 16, 20
 	run := runName(t)
@@ -99,7 +99,7 @@ func testThroughBatcherStandard(t *testing.T, e *env) {
 	}
 	acked := deliverAll(t, inst, c, msgs)
 
-	requests := p.calls.Load()
+	requests := p.Calls()
 	t.Logf("%d messages in %d requests", callers*each, requests)
 	assert.Less(t, requests, int64(callers*each/2), "the batcher batches")
 
@@ -124,8 +124,8 @@ func testThroughBatcherStandard(t *testing.T, e *env) {
 func testThroughBatcherFIFO(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, true, false)
-	p := newProxy(t, e.endpoint)
-	c := e.codec(t, q, codec.Tuning{}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.url) })
+	p := sqstest.New(t, e.endpoint)
+	c := e.codec(t, q, codec.Tuning{}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.URL) })
 
 	const groups, each = 12, 25
 	run := runName(t)
@@ -138,7 +138,7 @@ func testThroughBatcherFIFO(t *testing.T, e *env) {
 	}
 	acked := deliverAll(t, inst, c, msgs)
 
-	requests := p.calls.Load()
+	requests := p.Calls()
 	t.Logf("%d messages in %d requests", groups*each, requests)
 	assert.Less(t, requests, int64(groups*each/2), "the batcher batches across groups")
 
@@ -195,21 +195,14 @@ func testThroughBatcherInvalid(t *testing.T, e *env) {
 func testThroughBatcherRefusal(t *testing.T, e *env) {
 	inst := startInstance(t)
 	q := e.createQueue(t, false, false)
-	p := newProxy(t, e.endpoint)
-	p.set(func(_ int, w http.ResponseWriter, r *http.Request) bool {
-		raw, err := io.ReadAll(r.Body)
-		if err != nil {
-			panic(err)
+	p := sqstest.New(t, e.endpoint)
+	p.Set(func(c *sqstest.Call) sqstest.Action {
+		if !bytes.Contains(c.Body, []byte("poison")) {
+			return sqstest.Action{}
 		}
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
-		if !bytes.Contains(raw, []byte("poison")) {
-			return false
-		}
-		awsError(w, http.StatusBadRequest, "BatchRequestTooLong", "injected for the poison message")
-		return true
-	}, nil)
-	c := e.codec(t, q, codec.Tuning{Linger: 20 * time.Millisecond}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.url) })
+		return sqstest.Action{Answer: sqstest.Error(http.StatusBadRequest, "BatchRequestTooLong", "injected for the poison message")}
+	})
+	c := e.codec(t, q, codec.Tuning{Linger: 20 * time.Millisecond}, func(cfg *sqs.Config) { cfg.AWS.BaseEndpoint = aws.String(p.URL) })
 
 	const n = 30
 	msgs := batchOf(runName(t), 0, n, 1)
@@ -243,7 +236,7 @@ func testThroughBatcherRefusal(t *testing.T, e *env) {
 		require.NoError(t, a.err, "message %d", i)
 		ids = append(ids, a.id)
 	}
-	t.Logf("%d requests for %d messages and one poison", p.calls.Load(), n-1)
+	t.Logf("%d requests for %d messages and one poison", p.Calls(), n-1)
 	got := e.readBack(t, q, n-1)
 	have := make([]string, len(got))
 	for i, g := range got {

@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 )
 
 // signedBy records, for each message body that reaches the server, the
@@ -30,21 +28,16 @@ type signedBy struct {
 
 var credentialRE = regexp.MustCompile(`Credential=([^/]+)/`)
 
-// record is a proxy fault that reads the request and lets it through.
-func (s *signedBy) record(_ int, _ http.ResponseWriter, r *http.Request) bool {
-	raw, err := io.ReadAll(r.Body)
-	if err != nil {
-		panic(err)
-	}
-	r.Body = io.NopCloser(strings.NewReader(string(raw)))
+// record is a proxy Fault that reads the request and lets it through.
+func (s *signedBy) record(c *sqstest.Call) sqstest.Action {
 	var in struct {
 		Entries []struct{ MessageBody string }
 	}
-	if err := json.Unmarshal(raw, &in); err != nil {
+	if err := json.Unmarshal(c.Body, &in); err != nil {
 		panic(err)
 	}
 	key := ""
-	if m := credentialRE.FindStringSubmatch(r.Header.Get("Authorization")); m != nil {
+	if m := credentialRE.FindStringSubmatch(c.Header.Get("Authorization")); m != nil {
 		key = m[1]
 	}
 	s.mu.Lock()
@@ -52,7 +45,7 @@ func (s *signedBy) record(_ int, _ http.ResponseWriter, r *http.Request) bool {
 	for _, e := range in.Entries {
 		s.keys[e.MessageBody] = key
 	}
-	return false
+	return sqstest.Action{}
 }
 
 func (s *signedBy) key(body string) string {
@@ -67,15 +60,15 @@ func (s *signedBy) key(body string) string {
 // own key, which it cannot if the codecs share a batcher.
 func TestTenantsNeverShareABatcher(t *testing.T) {
 	e := newKumo(t)
-	p := newProxy(t, e.endpoint)
+	p := sqstest.New(t, e.endpoint)
 	rec := &signedBy{keys: map[string]string{}}
-	p.set(rec.record, nil)
+	p.Set(rec.record)
 	q := e.createQueue(t, false, false)
 	inst := startInstance(t)
 
 	newTenantCodec := func(key string) *sqs.Codec {
 		cfg := e.cfg
-		cfg.BaseEndpoint = aws.String(p.url)
+		cfg.BaseEndpoint = aws.String(p.URL)
 		cfg.Retryer = nil // the credentials alone must keep the tenants apart
 		cfg.Credentials = tenantCredentials(key)
 		c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg})

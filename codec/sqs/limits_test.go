@@ -15,6 +15,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 )
 
 func TestMaxMessageBytes(t *testing.T) {
@@ -92,11 +93,11 @@ func TestSmallQueueRefusedAtAdmission(t *testing.T) {
 	assert.Equal(t, "InvalidParameterValue", ee.Code)
 	assert.Contains(t, ee.Message, "shorter than 1024")
 
-	p := newProxy(t, e.endpoint)
+	p := sqstest.New(t, e.endpoint)
 	rec := &signedBy{keys: map[string]string{}}
-	p.set(rec.record, nil)
+	p.Set(rec.record)
 	c := e.codec(t, q, codec.Tuning{Linger: 20 * time.Millisecond}, func(c *sqs.Config) {
-		c.AWS.BaseEndpoint = aws.String(p.url)
+		c.AWS.BaseEndpoint = aws.String(p.URL)
 		c.ReadQueueAttributes = true
 	})
 	inst := startInstance(t)

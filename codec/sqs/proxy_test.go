@@ -1,26 +1,17 @@
 package sqs_test
 
-// Fault injection: an HTTP proxy between the codec and kumo answers, for
+// Fault injection: sqstest's proxy between the codec and kumo answers, for
 // SendMessageBatch calls, with 500s, throttling, delays, reset connections
 // or a doctored answer, and each test asserts the codec's classification and
 // that every acknowledged message is in the queue.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,124 +24,24 @@ import (
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 )
-
-// fault decides what the proxy does with the n-th SendMessageBatch call
-// (from 1). It returns true when it has answered itself; false forwards the
-// call to the server.
-type fault func(n int, w http.ResponseWriter, r *http.Request) bool
-
-// rewrite edits the server's answer to the n-th SendMessageBatch call.
-type rewrite func(n int, answer *batchAnswer)
-
-// batchAnswer is SendMessageBatch's JSON answer.
-type batchAnswer struct {
-	Successful []map[string]any `json:"Successful"`
-	Failed     []map[string]any `json:"Failed,omitempty"`
-}
-
-type proxy struct {
-	url     string
-	forward http.Handler // to the server, answer rewritten
-	calls   atomic.Int64
-	mu      sync.Mutex
-	fault   fault
-	rewrite rewrite
-}
-
-func (p *proxy) set(f fault, rw rewrite) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.fault, p.rewrite = f, rw
-}
-
-func (p *proxy) get() (fault, rewrite) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.fault, p.rewrite
-}
-
-// newProxy serves on 127.0.0.1 in front of target until the test ends.
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	u, err := url.Parse(target)
-	require.NoError(t, err)
-	p := &proxy{}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.Transport = tr
-	p.forward = rp
-	rp.ModifyResponse = func(resp *http.Response) error {
-		n, _ := strconv.Atoi(resp.Request.Header.Get("X-Test-Call"))
-		_, rw := p.get()
-		if n == 0 || rw == nil || resp.StatusCode != http.StatusOK {
-			return nil
-		}
-		raw, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		var a batchAnswer
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		rw(n, &a)
-		raw, err = json.Marshal(a)
-		if err != nil {
-			return err
-		}
-		resp.Body = io.NopCloser(bytes.NewReader(raw))
-		resp.ContentLength = int64(len(raw))
-		resp.Header.Set("Content-Length", strconv.Itoa(len(raw)))
-		return nil
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" {
-			n := int(p.calls.Add(1))
-			r.Header.Set("X-Test-Call", strconv.Itoa(n))
-			if f, _ := p.get(); f != nil && f(n, w, r) {
-				return
-			}
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() {
-		srv.Close()
-		tr.CloseIdleConnections()
-	})
-	p.url = srv.URL
-	return p
-}
-
-// awsError answers with SQS's JSON error shape.
-func awsError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-	w.Header().Set("X-Amzn-Query-Error", code+";Sender")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
-}
-
-// always applies f to every call.
-func always(f func(w http.ResponseWriter, r *http.Request)) fault {
-	return func(_ int, w http.ResponseWriter, r *http.Request) bool { f(w, r); return true }
-}
 
 // faultEnv is kumo behind a proxy: the codec talks to the proxy, the admin
 // client (queues, read back) to kumo.
 type faultEnv struct {
 	*env
-	proxy *proxy
+	proxy *sqstest.Proxy
 	queue string
 	codec *sqs.Codec
 }
 
 func newFaultEnv(t *testing.T, fifo bool) *faultEnv {
 	e := newKumo(t)
-	p := newProxy(t, e.endpoint)
+	p := sqstest.New(t, e.endpoint)
 	q := e.createQueue(t, fifo, false)
 	cfg := e.cfg
-	cfg.BaseEndpoint = aws.String(p.url)
+	cfg.BaseEndpoint = aws.String(p.URL)
 	c, err := sqs.New(sqs.Config{QueueURL: q, AWS: cfg, IdempotencyAttribute: "idem", AttributeChecksumsOptional: true}) // kumo
 
 	require.NoError(t, err)
@@ -198,35 +89,27 @@ func requireRetryable(t *testing.T, err error) {
 
 func TestFaultServerError(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
-		awsError(w, http.StatusInternalServerError, "InternalError", "injected")
-	}), nil)
+	f.proxy.Set(sqstest.Always(sqstest.Error(http.StatusInternalServerError, "InternalError", "injected")))
 	batch := batchOf(runName(t), 0, 3, 1)
 	_, err := f.codec.SendBatch(ctx(t), batch)
 	requireRetryable(t, err)
 	var re *awshttp.ResponseError
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, http.StatusInternalServerError, re.HTTPStatusCode())
-	assert.EqualValues(t, 3, f.proxy.calls.Load(), "the SDK's standard retryer makes 3 attempts; the codec adds none")
+	assert.EqualValues(t, 3, f.proxy.Calls(), "the SDK's standard retryer makes 3 attempts; the codec adds none")
 	assert.Empty(t, f.drain(t, f.queue))
 }
 
 func TestFaultServerErrorThenSuccess(t *testing.T) {
 	f := newFaultEnv(t, true)
-	f.proxy.set(func(n int, w http.ResponseWriter, _ *http.Request) bool {
-		if n > 2 {
-			return false
-		}
-		awsError(w, http.StatusServiceUnavailable, "ServiceUnavailable", "injected")
-		return true
-	}, nil)
+	f.proxy.Set(sqstest.First(2, sqstest.Error(http.StatusServiceUnavailable, "ServiceUnavailable", "injected")))
 	batch := batchOf(runName(t), 0, 10, 3)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err, "the SDK's third attempt succeeds")
 	for _, r := range res {
 		require.NoError(t, r.Err)
 	}
-	assert.EqualValues(t, 3, f.proxy.calls.Load())
+	assert.EqualValues(t, 3, f.proxy.Calls())
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 10)
 }
 
@@ -234,35 +117,22 @@ func TestFaultThrottling(t *testing.T) {
 	for _, code := range []string{"ThrottlingException", "RequestThrottled"} {
 		t.Run(code, func(t *testing.T) {
 			f := newFaultEnv(t, false)
-			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) {
-				awsError(w, http.StatusBadRequest, code, "Rate exceeded")
-			}), nil)
+			f.proxy.Set(sqstest.Always(sqstest.Error(http.StatusBadRequest, code, "Rate exceeded")))
 			_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 			requireRetryable(t, err)
 			var api smithy.APIError
 			require.ErrorAs(t, err, &api)
 			assert.Equal(t, code, api.ErrorCode())
-			assert.EqualValues(t, 3, f.proxy.calls.Load(), "throttling is retried by the SDK")
+			assert.EqualValues(t, 3, f.proxy.Calls(), "throttling is retried by the SDK")
 		})
 	}
 }
 
 func TestFaultLatencyPastDeadline(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(func(_ int, w http.ResponseWriter, r *http.Request) bool {
-		// Hold the call longer than the caller waits; the server
-		// never sees it. Reading the body lets net/http notice the
-		// client hanging up, which cancels r.Context().
-		_, _ = io.Copy(io.Discard, r.Body)
-		timer := time.NewTimer(10 * time.Second)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-			return false
-		case <-r.Context().Done():
-			return true
-		}
-	}, nil)
+	// Hold the call longer than the caller waits; the server never sees
+	// it.
+	f.proxy.Set(func(*sqstest.Call) sqstest.Action { return sqstest.Action{Before: 10 * time.Second} })
 	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -276,31 +146,40 @@ func TestFaultLatencyPastDeadline(t *testing.T) {
 
 func TestFaultConnectionReset(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) { reset(w) }), nil)
+	f.proxy.Set(sqstest.Always(sqstest.Reset))
 	_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 	requireRetryable(t, err)
 	var api smithy.APIError
 	assert.False(t, errors.As(err, &api), "no answer from SQS: %v", err)
-	assert.EqualValues(t, 3, f.proxy.calls.Load(), "the SDK retries a reset connection")
+	assert.EqualValues(t, 3, f.proxy.Calls(), "the SDK retries a reset connection")
 	assert.Empty(t, f.drain(t, f.queue))
 }
 
 func TestFaultConnectionResetThenSuccess(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(func(n int, w http.ResponseWriter, _ *http.Request) bool {
-		if n > 1 {
-			return false
-		}
-		reset(w)
-		return true
-	}, nil)
+	f.proxy.Set(sqstest.First(1, sqstest.Reset))
 	batch := batchOf(runName(t), 0, 5, 1)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err)
 	for _, r := range res {
 		require.NoError(t, r.Err)
 	}
+	assert.EqualValues(t, 2, f.proxy.Calls(), "the SDK sends the reset call again")
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
+}
+
+// onlyEntryFailed requires every result of res but the i-th to be a
+// success and the i-th to be an EntryError, which it returns.
+func onlyEntryFailed(t *testing.T, res []codec.Result, i int) *codec.EntryError {
+	t.Helper()
+	for j, r := range res {
+		if j != i {
+			require.NoError(t, r.Err, "entry %d", j)
+		}
+	}
+	var ee *codec.EntryError
+	require.ErrorAs(t, res[i].Err, &ee)
+	return ee
 }
 
 // entryIndex is the batch position behind an answer entry's Id.
@@ -311,27 +190,20 @@ func entryIndex(e map[string]any) int {
 
 func TestFaultWrongBodyMD5OnOneEntry(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+	f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 		for _, e := range a.Successful {
 			if entryIndex(e) == 2 {
 				e["MD5OfMessageBody"] = "00000000000000000000000000000000"
 			}
 		}
-	})
+	}))
 	batch := batchOf(runName(t), 0, 5, 1)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err, "one entry's mismatch must not fail the request")
-	for i, r := range res {
-		if i == 2 {
-			var ee *codec.EntryError
-			require.ErrorAs(t, r.Err, &ee)
-			assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
-			assert.False(t, codec.IsPermanent(r.Err))
-			assert.Contains(t, ee.Message, "MD5OfMessageBody")
-			continue
-		}
-		require.NoError(t, r.Err)
-	}
+	ee := onlyEntryFailed(t, res, 2)
+	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
+	assert.False(t, codec.IsPermanent(res[2].Err))
+	assert.Contains(t, ee.Message, "MD5OfMessageBody")
 	// kumo stored all five; the four acknowledged are among them.
 	assert.Len(t, f.acknowledgedAreStored(t, batch, res), 5)
 }
@@ -339,7 +211,7 @@ func TestFaultWrongBodyMD5OnOneEntry(t *testing.T) {
 func TestFaultWrongAttributesMD5OnOneEntry(t *testing.T) {
 	f := newFaultEnv(t, false)
 	batch := batchOf(runName(t), 0, 3, 1)
-	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+	f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 		// kumo returns no attribute MD5: add the right one to every
 		// entry but the second, and a wrong one there.
 		for _, e := range a.Successful {
@@ -356,13 +228,10 @@ func TestFaultWrongAttributesMD5OnOneEntry(t *testing.T) {
 				e["MD5OfMessageAttributes"] = "0123456789abcdef0123456789abcdef"
 			}
 		}
-	})
+	}))
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err)
-	require.NoError(t, res[0].Err)
-	require.NoError(t, res[2].Err)
-	var ee *codec.EntryError
-	require.ErrorAs(t, res[1].Err, &ee)
+	ee := onlyEntryFailed(t, res, 1)
 	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
 	assert.Contains(t, ee.Message, "MD5OfMessageAttributes")
 	assert.False(t, codec.IsPermanent(res[1].Err))
@@ -371,15 +240,15 @@ func TestFaultWrongAttributesMD5OnOneEntry(t *testing.T) {
 
 func TestFaultAnswerReorderedAndIncomplete(t *testing.T) {
 	f := newFaultEnv(t, false)
-	f.proxy.set(nil, func(_ int, a *batchAnswer) {
+	f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 		var keep []map[string]any
 		for _, e := range a.Successful {
 			switch entryIndex(e) {
 			case 1: // dropped from both lists
 			case 3: // failed by the server's fault: retryable
-				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": "InternalError", "Message": "injected", "SenderFault": false})
+				a.Failed = append(a.Failed, sqstest.Failure(e["Id"], "InternalError", "injected", false))
 			case 4: // failed by the sender's fault: permanent
-				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": "InvalidParameterValue", "Message": "injected", "SenderFault": true})
+				a.Failed = append(a.Failed, sqstest.Failure(e["Id"], "InvalidParameterValue", "injected", true))
 			default:
 				keep = append(keep, e)
 			}
@@ -388,7 +257,7 @@ func TestFaultAnswerReorderedAndIncomplete(t *testing.T) {
 			keep[i], keep[j] = keep[j], keep[i] // results map by Id, not position
 		}
 		a.Successful = keep
-	})
+	}))
 	batch := batchOf(runName(t), 0, 6, 1)
 	res, err := f.codec.SendBatch(ctx(t), batch)
 	require.NoError(t, err)
@@ -450,7 +319,7 @@ func TestFaultClassification(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFaultEnv(t, false)
-			f.proxy.set(always(func(w http.ResponseWriter, _ *http.Request) { tt.answer(w) }), nil)
+			f.proxy.Set(sqstest.Always(tt.answer))
 			_, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 			require.Error(t, err)
 			assert.Equal(t, tt.want == refused, errors.Is(err, codec.ErrRefused), "refused: %v", err)
@@ -498,11 +367,11 @@ func TestFaultEntryClassification(t *testing.T) {
 	f := newFaultEnv(t, false)
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {
-			f.proxy.set(nil, func(_ int, a *batchAnswer) {
+			f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 				e := a.Successful[0]
 				a.Successful = a.Successful[1:]
-				a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": tt.code, "Message": "injected", "SenderFault": tt.senderFault})
-			})
+				a.Failed = append(a.Failed, sqstest.Failure(e["Id"], tt.code, "injected", tt.senderFault))
+			}))
 			res, err := f.codec.SendBatch(ctx(t), batchOf(runName(t), 0, 2, 1))
 			require.NoError(t, err)
 			require.NoError(t, res[1].Err)
@@ -538,16 +407,6 @@ func plain(status int) func(w http.ResponseWriter) {
 	}
 }
 
-// reset closes the client's connection with a TCP RST.
-func reset(w http.ResponseWriter) {
-	conn, _, err := w.(http.Hijacker).Hijack()
-	if err != nil {
-		panic(err)
-	}
-	_ = conn.(*net.TCPConn).SetLinger(0)
-	conn.Close()
-}
-
 // TestFaultAnswerLostAfterStore: SQS stores the batch, the answer is lost
 // (the connection is reset), the SDK sends the request again. A FIFO queue
 // drops the repeat by deduplication id and answers with the first ids: one
@@ -558,18 +417,13 @@ func TestFaultAnswerLostAfterStore(t *testing.T) {
 	for _, fifo := range []bool{true, false} {
 		t.Run(map[bool]string{true: "FIFO", false: "Standard"}[fifo], func(t *testing.T) {
 			f := newFaultEnv(t, fifo)
-			f.proxy.set(func(n int, w http.ResponseWriter, r *http.Request) bool {
-				if n > 1 {
-					return false
-				}
-				f.proxy.forward.ServeHTTP(httptest.NewRecorder(), r) // stored
-				reset(w)                                             // answer lost
-				return true
-			}, nil)
+			f.proxy.Set(func(c *sqstest.Call) sqstest.Action {
+				return sqstest.Action{ResetAfter: c.N == 1} // stored, answer lost
+			})
 			batch := batchOf(runName(t), 0, 5, 2)
 			res, err := f.codec.SendBatch(ctx(t), batch)
 			require.NoError(t, err, "the SDK's second attempt is answered")
-			assert.EqualValues(t, 2, f.proxy.calls.Load())
+			assert.EqualValues(t, 2, f.proxy.Calls())
 			got := f.acknowledgedAreStored(t, batch, res)
 			if fifo {
 				assert.Len(t, got, len(batch), "deduplicated")
@@ -594,20 +448,17 @@ func TestFaultSuccessAndFailure(t *testing.T) {
 	for _, code := range []string{"InternalError", "InvalidParameterValue"} {
 		t.Run(code, func(t *testing.T) {
 			f := newFaultEnv(t, false)
-			f.proxy.set(nil, func(_ int, a *batchAnswer) {
+			f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 				for _, e := range a.Successful {
 					if entryIndex(e) == 1 {
-						a.Failed = append(a.Failed, map[string]any{"Id": e["Id"], "Code": code, "Message": "injected", "SenderFault": true})
+						a.Failed = append(a.Failed, sqstest.Failure(e["Id"], code, "injected", true))
 					}
 				}
-			})
+			}))
 			batch := batchOf(runName(t), 0, 3, 1)
 			res, err := f.codec.SendBatch(ctx(t), batch)
 			require.NoError(t, err)
-			require.NoError(t, res[0].Err)
-			require.NoError(t, res[2].Err)
-			var ee *codec.EntryError
-			require.ErrorAs(t, res[1].Err, &ee)
+			ee := onlyEntryFailed(t, res, 1)
 			assert.Equal(t, sqs.CodeConflictingResult, ee.Code)
 			assert.False(t, codec.IsPermanent(res[1].Err))
 			f.acknowledgedAreStored(t, batch, res)
@@ -621,27 +472,20 @@ func TestFaultSuccessAndFailure(t *testing.T) {
 func TestFaultMissingChecksums(t *testing.T) {
 	t.Run("body", func(t *testing.T) {
 		f := newFaultEnv(t, false)
-		f.proxy.set(nil, func(_ int, a *batchAnswer) {
+		f.proxy.Set(sqstest.Rewrite(func(a *sqstest.BatchAnswer) {
 			for _, e := range a.Successful {
 				if entryIndex(e) == 2 {
 					delete(e, "MD5OfMessageBody")
 				}
 			}
-		})
+		}))
 		batch := batchOf(runName(t), 0, 4, 1)
 		res, err := f.codec.SendBatch(ctx(t), batch)
 		require.NoError(t, err)
-		for i, r := range res {
-			if i != 2 {
-				require.NoError(t, r.Err)
-				continue
-			}
-			var ee *codec.EntryError
-			require.ErrorAs(t, r.Err, &ee)
-			assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
-			assert.Contains(t, ee.Message, "MD5OfMessageBody")
-			assert.False(t, codec.IsPermanent(r.Err))
-		}
+		ee := onlyEntryFailed(t, res, 2)
+		assert.Equal(t, sqs.CodeMissingChecksum, ee.Code)
+		assert.Contains(t, ee.Message, "MD5OfMessageBody")
+		assert.False(t, codec.IsPermanent(res[2].Err))
 		f.acknowledgedAreStored(t, batch, res)
 	})
 	t.Run("attributes", func(t *testing.T) {

@@ -117,7 +117,7 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			batches, publishes := sqsEnv.Proxy.Batches.Load(), psEnv.Publishes.Load()
+			batches, publishes := sqsEnv.Proxy.Calls(), psEnv.Publishes.Load()
 			const timeout = 10 * time.Second
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
@@ -137,7 +137,7 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 			// has seen it go.
 			assert.Eventually(t, func() bool { return inst.Stats().Queued == 0 }, 5*time.Second, time.Millisecond, "nothing stays queued")
 			if !tc.sends {
-				assert.Equal(t, batches, sqsEnv.Proxy.Batches.Load(), "no SendMessageBatch was made")
+				assert.Equal(t, batches, sqsEnv.Proxy.Calls(), "no SendMessageBatch was made")
 				assert.Equal(t, publishes, psEnv.Publishes.Load(), "no Publish was made")
 			}
 			t.Logf("%v: %v", took.Round(time.Millisecond), err)
@@ -146,8 +146,8 @@ func TestBadInputIsRefusedAtOnce(t *testing.T) {
 
 	// The servers hold only what the cases that send made.
 	assert.Empty(t, psEnv.readBack("projects/chaos/topics/bad"), "no message reached the topic")
-	assert.Empty(t, sqsEnv.readBack(t, fifoURL, 10), "no message reached the FIFO queue")
-	got := sqsEnv.readBack(t, stdURL, 10)
+	assert.Empty(t, sqsEnv.readBack(t, fifoURL), "no message reached the FIFO queue")
+	got := sqsEnv.readBack(t, stdURL)
 	if assert.Len(t, got, 1, "only the wrong-result-count case reached the standard queue") {
 		assert.Equal(t, string(ok.Body), got[0].Body)
 	}

@@ -1,21 +1,15 @@
 package chaos_test
 
 // The real servers the chaos tests run against, and the faults they inject:
-// kumo (SQS) behind an HTTP proxy of this package, and pstest (Pub/Sub) with a
-// Publish reactor and a gRPC interceptor. Everything listens on 127.0.0.1.
+// kumo (SQS) behind sqstest's fault-injecting proxy, and pstest (Pub/Sub)
+// with a Publish reactor and a gRPC interceptor. Everything listens on
+// 127.0.0.1.
 
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,7 +22,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/sivchari/kumo"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -38,6 +31,8 @@ import (
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 	"github.com/ankusa/sinkbatch/codec/sqs"
+	"github.com/ankusa/sinkbatch/internal/pubsubtest"
+	"github.com/ankusa/sinkbatch/internal/sqstest"
 )
 
 // poisonMark in a body makes both servers refuse the request holding it for
@@ -105,36 +100,27 @@ type sqsFaults struct {
 	}
 }
 
-// plan is what the proxy does with one call.
-type plan struct {
-	answer      func(http.ResponseWriter) // answer instead of forwarding
-	before      time.Duration             // delay before forwarding
-	after       time.Duration             // delay before answering
-	resetAfter  bool                      // forward, then reset the connection
-	description string
-}
-
-func (f *sqsFaults) plan() plan {
-	var p plan
+// plan is what the proxy does with one SendMessageBatch call: nothing
+// unless f is On, else what the dice say.
+func (f *sqsFaults) plan() sqstest.Action {
+	var a sqstest.Action
 	if f == nil || !f.On.Load() {
-		return p
+		return a
 	}
 	d := f.Dice
 	switch x := d.float(); {
 	case x < f.ServerError:
 		f.Struck.ServerError.Add(1)
-		p.answer = func(w http.ResponseWriter) { awsError(w, http.StatusInternalServerError, "InternalError", "chaos") }
+		a.Answer = sqstest.Error(http.StatusInternalServerError, "InternalError", "chaos")
 	case x < f.ServerError+f.Throttle:
 		f.Struck.Throttle.Add(1)
-		p.answer = func(w http.ResponseWriter) {
-			awsError(w, http.StatusBadRequest, "ThrottlingException", "Rate exceeded")
-		}
+		a.Answer = sqstest.Error(http.StatusBadRequest, "ThrottlingException", "Rate exceeded")
 	case x < f.ServerError+f.Throttle+f.ResetBefore:
 		f.Struck.ResetBefore.Add(1)
-		p.answer = reset
+		a.Answer = sqstest.Reset
 	case x < f.ServerError+f.Throttle+f.ResetBefore+f.ResetAfter:
 		f.Struck.ResetAfter.Add(1)
-		p.resetAfter = true
+		a.ResetAfter = true // stored, but the client never learns it
 	}
 	var delay time.Duration
 	switch x := d.float(); {
@@ -146,117 +132,31 @@ func (f *sqsFaults) plan() plan {
 		delay = d.between(20*time.Millisecond, 200*time.Millisecond)
 	}
 	if d.chance(f.DelayAfter) {
-		p.after = delay // the messages are stored; the answer comes late
+		a.After = delay // the messages are stored; the answer comes late
 	} else {
-		p.before = delay
+		a.Before = delay
 	}
-	return p
+	return a
 }
 
-// sqsProxy forwards every call to kumo and injects faults into
-// SendMessageBatch calls. It counts the SendMessageBatch calls it sees.
-type sqsProxy struct {
-	URL     string
-	target  string
-	tr      *http.Transport
-	faults  *sqsFaults
-	poison  bool
-	Batches atomic.Int64
-}
-
-func newSQSProxy(t *testing.T, target string, faults *sqsFaults, poison bool) *sqsProxy {
-	t.Helper()
-	p := &sqsProxy{target: target, faults: faults, poison: poison, tr: http.DefaultTransport.(*http.Transport).Clone()}
-	p.tr.MaxIdleConnsPerHost = 64
-	srv := httptest.NewServer(p) // httptest listens on 127.0.0.1
-	t.Cleanup(func() {
-		srv.Close()
-		p.tr.CloseIdleConnections()
-	})
-	p.URL = srv.URL
-	return p
-}
-
-func (p *sqsProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return // the client hung up
-	}
-	var pl plan
-	if r.Header.Get("X-Amz-Target") == "AmazonSQS.SendMessageBatch" {
-		p.Batches.Add(1)
-		if p.poison && bytes.Contains(body, []byte(poisonMark)) {
-			if p.faults != nil {
-				p.faults.Struck.Poison.Add(1)
+// fault refuses, if poison is set, every SendMessageBatch call that holds
+// poisonMark for its content, and plays f's plan with the others.
+func (f *sqsFaults) fault(poison bool) sqstest.Fault {
+	return func(c *sqstest.Call) sqstest.Action {
+		if poison && bytes.Contains(c.Body, []byte(poisonMark)) {
+			if f != nil {
+				f.Struck.Poison.Add(1)
 			}
-			awsError(w, http.StatusBadRequest, "InvalidMessageContents", "chaos: the request holds a poison message")
-			return
+			return sqstest.Action{Answer: sqstest.Error(http.StatusBadRequest, "InvalidMessageContents", "chaos: the request holds a poison message")}
 		}
-		pl = p.faults.plan()
+		return f.plan()
 	}
-	if pl.before > 0 && !wait(r.Context(), pl.before) {
-		return
-	}
-	if pl.answer != nil {
-		pl.answer(w)
-		return
-	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	req.Header = r.Header.Clone()
-	resp, err := p.tr.RoundTrip(req)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	answer, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	if pl.resetAfter {
-		reset(w) // stored, but the client never learns it
-		return
-	}
-	if pl.after > 0 && !wait(r.Context(), pl.after) {
-		return
-	}
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(answer)
-}
-
-// awsError answers with SQS's JSON error shape.
-func awsError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-	w.Header().Set("X-Amzn-Query-Error", code+";Sender")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"__type":"com.amazonaws.sqs#%s","message":%q}`, code, msg)
-}
-
-// reset closes the client's connection with a TCP RST.
-func reset(w http.ResponseWriter) {
-	conn, _, err := w.(http.Hijacker).Hijack()
-	if err != nil {
-		return
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = conn.Close()
 }
 
 // sqsEnv is kumo, in-process, and a proxy in front of it: codecs talk to the
 // proxy, the admin client (queues, read back) to kumo.
 type sqsEnv struct {
-	Proxy *sqsProxy
+	Proxy *sqstest.Proxy // counts the SendMessageBatch calls
 	cfg   aws.Config
 	admin *awssqs.Client
 }
@@ -265,7 +165,8 @@ func newSQSEnv(t *testing.T, faults *sqsFaults, poison bool) *sqsEnv {
 	t.Helper()
 	srv := kumo.NewServer()
 	t.Cleanup(srv.Close)
-	p := newSQSProxy(t, srv.URL, faults, poison)
+	p := sqstest.New(t, srv.URL)
+	p.Set(faults.fault(poison))
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
 	adminTr := http.DefaultTransport.(*http.Transport).Clone()
@@ -316,72 +217,15 @@ func (e *sqsEnv) codec(t *testing.T, queueURL string, tuning codec.Tuning) *sqs.
 	return c
 }
 
-// readBack receives and deletes every message of queueURL until the queue
-// reports none left, and returns each message once: on a FIFO queue in
-// sequence-number order, elsewhere in order of first receipt. A received
-// message stays invisible for one second only: the SDK sometimes loses a
-// ReceiveMessage answer on a connection it closes early
-// (aws/aws-sdk-go-v2#2737) and retries, and the messages of the lost answer
-// must come back for the read back to see them.
-func (e *sqsEnv) readBack(t *testing.T, queueURL string, bound int) []stored {
+// readBack empties queueURL and returns each message once, on a FIFO
+// queue in sequence-number order (see sqstest.ReadBack).
+func (e *sqsEnv) readBack(t *testing.T, queueURL string) []stored {
 	t.Helper()
 	var all []stored
-	seq := map[string]int64{}
-	seen := map[string]bool{}
-	left := func() int {
-		out, err := e.admin.GetQueueAttributes(context.Background(), &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(queueURL),
-			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
-		require.NoError(t, err)
-		n, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
-		m, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
-		return n + m
+	for _, m := range sqstest.ReadBack(t, e.admin, queueURL) {
+		all = append(all, stored{ID: m.ID, Key: m.Attributes[sqs.DefaultIdempotencyAttribute], Group: m.Group, Body: m.Body})
 	}
-	deadline := time.Now().Add(30 * time.Second) // for invisible messages to come back
-	for i := 0; i < bound/10+1000; i++ {
-		out, err := e.admin.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
-			QueueUrl:                    aws.String(queueURL),
-			MaxNumberOfMessages:         10,
-			VisibilityTimeout:           1,
-			WaitTimeSeconds:             1,
-			MessageAttributeNames:       []string{"All"},
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		})
-		if err != nil {
-			t.Logf("read back: %v", err) // a lost answer: its messages come back
-			continue
-		}
-		if len(out.Messages) == 0 {
-			if left() == 0 {
-				if strings.HasSuffix(queueURL, ".fifo") {
-					sort.SliceStable(all, func(i, j int) bool { return seq[all[i].ID] < seq[all[j].ID] })
-				}
-				return all
-			}
-			require.True(t, time.Now().Before(deadline), "queue %s: messages stay invisible", queueURL)
-			continue
-		}
-		deadline = time.Now().Add(30 * time.Second)
-		del := make([]types.DeleteMessageBatchRequestEntry, 0, len(out.Messages))
-		for i, m := range out.Messages {
-			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
-			id := aws.ToString(m.MessageId)
-			if seen[id] {
-				continue
-			}
-			seen[id] = true
-			s := stored{ID: id, Body: aws.ToString(m.Body), Group: m.Attributes["MessageGroupId"]}
-			if v, ok := m.MessageAttributes[sqs.DefaultIdempotencyAttribute]; ok {
-				s.Key = aws.ToString(v.StringValue)
-			}
-			seq[id], _ = strconv.ParseInt(m.Attributes["SequenceNumber"], 10, 64)
-			all = append(all, s)
-		}
-		if _, err := e.admin.DeleteMessageBatch(context.Background(), &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del}); err != nil {
-			t.Logf("read back: delete: %v", err) // they come back and are seen again
-		}
-	}
-	t.Fatalf("queue %s still not empty after reading %d messages", queueURL, len(all))
-	return nil
+	return all
 }
 
 // ---- Pub/Sub: pstest with a reactor and an interceptor ----
@@ -411,28 +255,10 @@ type pubsubEnv struct {
 	Publishes atomic.Int64 // Publish calls that reached the fake
 }
 
-// reactor adapts a function to pstest.Reactor.
-type reactor func(req *pubsubpb.PublishRequest) (handled bool, ret any, err error)
-
-func (f reactor) React(r any) (bool, any, error) { return f(r.(*pubsubpb.PublishRequest)) }
-
 func newPubSubEnv(t *testing.T, faults *pubsubFaults, poison bool, topics ...string) *pubsubEnv {
 	t.Helper()
 	e := &pubsubEnv{faults: faults, poison: poison}
-	e.Srv = pstest.NewServerWithAddress("127.0.0.1:0", pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactor(e.react)})
-	t.Cleanup(func() { _ = e.Srv.Close() })
-	for _, name := range topics {
-		_, err := e.Srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: name})
-		require.NoError(t, err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer(grpc.UnaryInterceptor(e.intercept))
-	pubsubpb.RegisterPublisherServer(g, &e.Srv.GServer)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); <-done })
-	e.Addr = lis.Addr().String()
+	e.Srv, e.Addr = pubsubtest.Serve(t, e.react, topics, grpc.UnaryInterceptor(e.intercept))
 	return e
 }
 

@@ -53,8 +53,8 @@ type destination struct {
 	tuning   codec.Tuning // as given; zero fields take defaults
 	grouped  float64      // share of its messages that carry a group
 	groups   int
-	ordered  bool                     // the server keeps each group's order (not a standard queue)
-	readBack func(bound int) []stored // bound: at least the messages it may hold
+	ordered  bool // the server keeps each group's order (not a standard queue)
+	readBack func() []stored
 }
 
 type outcome int
@@ -357,13 +357,13 @@ func TestChaosSoak(t *testing.T) {
 	psTuning := codec.Tuning{MaxEntries: 50, MaxBytes: 12 << 10, Linger: 8 * time.Millisecond, MaxInflight: 16, QueueMax: 80, QueueMaxBytes: 24 << 10, TenantMax: 30, RetryAfterMax: 40 * time.Millisecond}
 	idleTuning := codec.Tuning{MaxEntries: 20, MaxBytes: 32 << 10, Linger: 2 * time.Millisecond, IdleTimeout: 10 * time.Millisecond, MaxInflight: 2, QueueMax: 20, QueueMaxBytes: 64 << 10, TenantMax: 10, RetryAfterMax: 20 * time.Millisecond}
 	std := &destination{name: "sqs-std", codec: chaos(sqsEnv.codec(t, stdURL, stdTuning), 3), tuning: stdTuning, grouped: 0.2, groups: 10,
-		readBack: func(n int) []stored { return sqsEnv.readBack(t, stdURL, n) }}
+		readBack: func() []stored { return sqsEnv.readBack(t, stdURL) }}
 	fifo := &destination{name: "sqs-fifo", codec: chaos(sqsEnv.codec(t, fifoURL, fifoTuning), 4), tuning: fifoTuning, grouped: 1, groups: 40, ordered: true,
-		readBack: func(n int) []stored { return sqsEnv.readBack(t, fifoURL, n) }}
+		readBack: func() []stored { return sqsEnv.readBack(t, fifoURL) }}
 	ordered := &destination{name: "pubsub", codec: chaos(psEnv.codec(t, topicOrdered, psTuning), 5), tuning: psTuning, grouped: 0.7, groups: 40, ordered: true,
-		readBack: func(int) []stored { return psEnv.readBack(topicOrdered) }}
+		readBack: func() []stored { return psEnv.readBack(topicOrdered) }}
 	idle := &destination{name: "pubsub-idle", codec: chaos(psEnv.codec(t, topicIdle, idleTuning), 6), tuning: idleTuning,
-		readBack: func(int) []stored { return psEnv.readBack(topicIdle) }}
+		readBack: func() []stored { return psEnv.readBack(topicIdle) }}
 	dests := []*destination{std, fifo, ordered, idle}
 	var sumQueueMax int
 	var sumQueueBytes int64
@@ -512,7 +512,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 	}
 	for _, d := range dests {
-		f.compare(d, d.readBack(4*int(s.attempts.Load())), byDest[d])
+		f.compare(d, d.readBack(), byDest[d])
 	}
 	var kinds []string
 	s.kinds.Range(func(k, v any) bool {
