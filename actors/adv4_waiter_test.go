@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -180,11 +181,33 @@ func TestAdv4ThousandsOfCallersMixedDeadlinesWhileStopping(t *testing.T) {
 	}
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
+	// Stats, read from any goroutine while all of it runs, never shows a
+	// negative count, more batchers than destinations, or more requests
+	// in flight than their MaxInflight allows (SinkConcurrency, 8, each).
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-finished:
+				return
+			default:
+			}
+			st := inst.Stats()
+			if st.Batchers < 0 || st.Queued < 0 || st.QueuedBytes < 0 || st.InFlight < 0 || st.Waiting < 0 ||
+				st.Batchers > 3 || st.InFlight > 3*actors.DefaultSinkConcurrency {
+				assert.Fail(t, "Stats out of bounds", "%+v", st)
+				return
+			}
+			runtime.Gosched()
+		}
+	}()
 	select {
 	case <-finished:
 	case <-time.After(hang):
 		require.FailNow(t, "callers hang", "%d calls made, %d ok, %d stopped, %d expired, %d cancelled", calls.Load(), ok.Load(), stopped.Load(), expired.Load(), cancelled.Load())
 	}
+	<-polled
 	stop() // if the callers ended before stopAt
 	var first error
 	select {
