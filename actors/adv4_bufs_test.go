@@ -246,3 +246,71 @@ func TestAdv4PooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
 	t.Logf("answers: ok %d, entry %d, count %d, panic %d, refused %d, stopped %d, deadline %d; codec verdicts %v",
 		kinds[vOK], kinds[vEntry], kinds[vCount], kinds[vPanic], kinds[vRefused], kinds[vVerdicts], kinds[vVerdicts+1], u.seen)
 }
+
+// reusing is a codec's SendBatch that hands back the same results slice
+// every time (a pool of its own), and writes it again on its next request;
+// its destination sends one request at a time, so no two of its requests
+// run at once. It refuses any request of more than one message holding a
+// "bad" body, so that halves of a bisection reuse the slice one after the
+// other.
+type reusing struct {
+	res []codec.Result
+}
+
+func (r *reusing) hook(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+	bad := false
+	for _, m := range batch {
+		bad = bad || strings.HasPrefix(string(m.Body), "bad")
+	}
+	if bad && len(batch) > 1 {
+		return nil, fmt.Errorf("reusing: %w", codec.ErrRefused)
+	}
+	if cap(r.res) < len(batch) {
+		r.res = make([]codec.Result, 64)
+	}
+	res := r.res[:len(batch)]
+	for i, m := range batch {
+		res[i] = codec.Result{ID: "id-" + string(m.Body)}
+		if strings.HasPrefix(string(m.Body), "bad") {
+			res[i] = codec.Result{Err: &codec.EntryError{Code: "E-" + string(m.Body), Permanent: true}}
+		}
+	}
+	return res, nil
+}
+
+// A codec whose results slice is its own, handed back by every request and
+// overwritten by the next (one at a time, as its MaxInflight says), while
+// the batcher bisects: the batcher takes each request's results before it
+// makes the next, so every caller gets its own id or its own entry error.
+func TestAdv4CodecReusingItsResultsSlice(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adv4reuse"})
+	c := fakecodec.New("adv4reuse", codec.Limits{MaxEntries: 16, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{Linger: time.Millisecond, MaxInflight: 1}
+	c.Hook = (&reusing{}).hook
+	c.Discard = true
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := range 20 {
+				body := fmt.Sprintf("g%d-%d", g, i)
+				if (g+i)%7 == 0 {
+					body = "bad" + body
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				id, err := inst.Deliver(ctx, c, codec.Message{Tenant: fmt.Sprint("t", g%4), Body: []byte(body)})
+				cancel()
+				if strings.HasPrefix(body, "bad") {
+					var ee *codec.EntryError
+					if assert.ErrorAs(t, err, &ee, body) {
+						assert.Equal(t, "E-"+body, ee.Code, "%s got another message's error", body)
+					}
+					continue
+				}
+				if assert.NoError(t, err, body) {
+					assert.Equal(t, "id-"+body, id, "%s got another message's id", body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
