@@ -23,10 +23,10 @@ import (
 // buffer, a slice whose capacity runs past its length into another
 // caller's window, multi-byte text cut at rune boundaries. Each caller's
 // message is stored as exactly its own bytes (SQS's MD5 of each body checks
-// it on the way, fauxqs's read back after), and an empty or nil Body is
+// it on the way, kumo's read back after), and an empty or nil Body is
 // refused at admission, permanently, and never sent.
 func TestAdv4SharedBodiesAreSentAsTheirOwnBytes(t *testing.T) {
-	e := newFauxqs(t)
+	e := newKumo(t)
 	q := e.createQueue(t, false, false)
 	c := e.codec(t, q, codec.Tuning{Linger: 2 * time.Millisecond})
 	inst := startInstance(t)

@@ -134,13 +134,12 @@ func TestAdv4SizeIsWhatSQSCounts(t *testing.T) {
 // AWSTraceHeader, a system attribute SQS does not count toward a message's
 // size: a message that SQS takes without its trace context (here exactly
 // MaxMessageBytes of body, or Tuning.MaxBytes when that is tighter) must
-// pass Validate with it too, and be taken by a batcher of an instance that
-// traces; the codec may leave the header out, but must not refuse the
-// message. (The W3C attributes count toward SQS's size and attribute
+// pass Validate with it too, and be taken by a batcher and stored (kumo);
+// the codec may leave the header out, but must not refuse the message. (The W3C attributes count toward SQS's size and attribute
 // limits, and TraceW3CAttributes says so: a message they take over a limit
 // is refused, as TestTraceSizeAndValidate pins.)
 func TestAdv4TraceNeverCostsAMessageItsDelivery(t *testing.T) {
-	e := newFauxqs(t)
+	e := newKumo(t)
 	q := e.createQueue(t, false, false)
 	for _, tc := range []struct {
 		name  string
