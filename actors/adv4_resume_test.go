@@ -108,7 +108,7 @@ func TestAdv4ResumeGroupRightAfterTheFailure(t *testing.T) {
 // delivery is sent.
 func TestAdv4ResumeGroupDuringARestart(t *testing.T) {
 	const within = 10 * time.Second
-	rounds := 300
+	rounds := 600
 	if testing.Short() {
 		rounds = 50
 	}
