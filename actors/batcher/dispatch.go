@@ -488,6 +488,29 @@ func (d *dispatch) resumeGroup(g string) bool {
 	return d.q.resume(g)
 }
 
+// resumeGroupIf is resumeGroup if current says, under the same lock, that d
+// is still its destination's running incarnation; if not, d has handed its
+// pauses on (handPausesTo), nothing is resumed, and ok is false: resume g
+// in the next one.
+func (d *dispatch) resumeGroupIf(g string, current func() bool) (resumed, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !current() {
+		return false, false
+	}
+	return d.q.resume(g), true
+}
+
+// handPausesTo seeds next, the incarnation after d, with d's paused groups
+// and makes it the running one (publish), under d's lock: a ResumeGroup
+// reaches d before the hand-over, or next after it, never d after it.
+func (d *dispatch) handPausesTo(next *dispatch, publish func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	next.seedPauses(d.q.paused.clone())
+	publish()
+}
+
 // pausedGroups lists the groups paused at now, sorted.
 func (d *dispatch) pausedGroups(now int64) []string {
 	d.mu.Lock()

@@ -88,14 +88,23 @@ func (b *Batcher) recordLimit(limit int) {
 // through the mailbox, which protoactor empties without a word when the
 // batcher stops.
 func (p *Params) ResumeGroup(g string) bool {
-	in := p.current.Load()
-	if in == nil || !in.d.resumeGroup(g) {
-		return false
+	for {
+		in := p.current.Load()
+		if in == nil {
+			return false
+		}
+		resumed, ok := in.d.resumeGroupIf(g, func() bool { return p.current.Load() == in })
+		if !ok {
+			continue // in handed its pauses to the next incarnation meanwhile
+		}
+		if !resumed {
+			return false
+		}
+		// The actor looks again: with no group paused it may now stop idle.
+		in.wake()
+		p.Logger.Info("sinkbatch: group resumed", slog.String("group", g), slog.String("by", "ResumeGroup"))
+		return true
 	}
-	// The actor looks again: with no group paused it may now stop idle.
-	in.wake()
-	p.Logger.Info("sinkbatch: group resumed", slog.String("group", g), slog.String("by", "ResumeGroup"))
-	return true
 }
 
 // PausedGroups lists the paused groups of p's destination, sorted. Safe for
@@ -123,23 +132,27 @@ func (b *Batcher) startFlow() {
 		b.d.q.s.maxInflight = b.d.lim.limit
 		b.recordLimit(b.d.lim.limit)
 	}
-	if b.p.carried.m != nil {
-		b.d.seedPauses(b.p.carried)
-		b.p.carried = pauses{}
+	in := &incarnation{d: b.d, wake: func() { tell(b.system, b.self, theDone) }}
+	if prev := b.p.current.Load(); prev != nil {
+		// A restart: the groups the crashed incarnation paused stay
+		// paused, as they are when this one takes over (a ResumeGroup
+		// may have resumed one since it ended).
+		prev.d.handPausesTo(b.d, func() { b.p.current.Store(in) })
+		return
 	}
-	b.p.current.Store(&incarnation{d: b.d, wake: func() { tell(b.system, b.self, theDone) }})
+	b.p.current.Store(in)
 }
 
 // endFlow runs as the incarnation ends, once it is down and before it
 // answers what it holds: on a restart, every group it holds an entry of
 // pauses (those entries are answered ErrBatcherDown and retried), and the
-// paused groups pass to the next incarnation, so that no follower overtakes
-// a retry; a batcher that stops takes its limit off the gauge.
+// paused groups pass to the next incarnation (startFlow), so that no
+// follower overtakes a retry; a batcher that stops takes its limit off the
+// gauge.
 func (b *Batcher) endFlow(err error) {
 	if err == messages.ErrBatcherDown && b.p.Tuning.StrictGroups {
 		b.d.pauseHeld(b.now)
 	}
-	b.p.carried = b.d.pauses()
 	if err == messages.ErrStopped && b.p.Tuning.Adaptive {
 		b.recordLimit(0)
 	}

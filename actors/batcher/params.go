@@ -58,11 +58,9 @@ type Params struct {
 	// its batches would otherwise allocate a batch's worth of messages and
 	// results each time. They are put back cleared (see request).
 	bufs sync.Pool
-	// carried are the paused groups a crashed incarnation leaves to the
-	// next; only the actor touches it.
-	carried pauses
 	// current is the running incarnation, for ResumeGroup and PausedGroups
-	// from other goroutines.
+	// from other goroutines, and, as the next one starts, the crashed one
+	// whose paused groups it takes over (startFlow).
 	current atomic.Pointer[incarnation]
 }
 

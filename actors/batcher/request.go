@@ -29,10 +29,13 @@ func (b *Batcher) run(f *inflight) {
 	defer b.p.bufs.Put(buf)
 	for f != nil {
 		report, o := b.request(f, buf)
-		// The callers are answered (in request), then the slot handed on,
-		// then the actor told.
+		// The failed entries' groups pause and the slot is handed on
+		// (finishWith), then the callers are answered, so that a caller
+		// told of a retryable failure finds its group paused (a
+		// ResumeGroup it makes then resumes it), then the actor is told.
 		now := clock()
 		r := b.d.finishWith(f, now, o)
+		b.answer(f, buf)
 		next, panicked := r.next, r.panicked
 		b.answerDropped(r.dropped, now)
 		b.settle(r)
@@ -78,8 +81,8 @@ type buffers struct {
 	results []codec.Result
 }
 
-// request sends f's batch and answers each of its callers whose claim it
-// wins.
+// request sends f's batch and leaves each message's result in buf, for
+// answer.
 func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) {
 	defer f.cancel()
 	n := len(f.entries)
@@ -87,10 +90,6 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 		buf.msgs, buf.results = make([]codec.Message, n), make([]codec.Result, n)
 	}
 	msgs, results := buf.msgs[:n], buf.results[:n]
-	// Let go of the payloads and ids: the goroutine may wait a while for
-	// its next request, or end.
-	defer clear(msgs)
-	defer clear(results)
 	report := telemetry.Flush{Trigger: f.trigger, Entries: n}
 	for i, e := range f.entries {
 		msgs[i] = *e.msg
@@ -104,13 +103,22 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
-	o := b.learn(msgs, results, failed, report.Duration)
+	return report, b.learn(msgs, results, failed, report.Duration)
+}
+
+// answer answers each of f's callers whose claim it wins with its result
+// from buf, and lets go of the batch's payloads and ids: the goroutine may
+// wait a while for its next request, or end.
+func (b *Batcher) answer(f *inflight, buf *buffers) {
+	n := len(f.entries)
+	msgs, results := buf.msgs[:n], buf.results[:n]
+	defer clear(msgs)
+	defer clear(results)
 	for i, e := range f.entries {
 		if f.claims[i].CompareAndSwap(false, true) {
 			b.reply(e.to, results[i])
 		}
 	}
-	return report, o
 }
 
 // part is a run of a batch being sent: its messages, the entries they came

@@ -367,7 +367,17 @@ func CheckName(name string) error { return checkName("instance Name", name) }
 // router is the process behind the instance's PID.
 type router struct{ s *Supervisor }
 
-func (r *router) SendUserMessage(_ *actor.PID, message any) {
+func (r *router) SendUserMessage(pid *actor.PID, message any) {
+	if r.s.stopping.Load() {
+		// A new instance of the same name may have taken the PID over
+		// (Start). protoactor caches the process a PID value resolved to
+		// in the value, so a sender holding this instance's PID still
+		// reaches this router: hand the message on.
+		if p, ok := r.s.system.ProcessRegistry.GetLocal(r.s.pid.Id); ok && p != actor.Process(r) {
+			p.SendUserMessage(pid, message)
+			return
+		}
+	}
 	_, msg, sender := actor.UnwrapEnvelope(message)
 	d, ok := msg.(*messages.Deliver)
 	if !ok || d == nil {

@@ -74,8 +74,9 @@
 // TraceBoth sends both; TraceOff nothing. Size counts what is carried, the
 // AWSTraceHeader too, although SQS does not count a system attribute toward a
 // message's size. A trace context never costs a message its delivery: an
-// invalid traceparent, or a tracestate SQS would refuse, is not carried; a
-// caller's own "traceparent" or "tracestate" attribute wins over the codec's;
+// invalid traceparent, a tracestate SQS would refuse, or an AWSTraceHeader
+// that would take a message past MaxMessageBytes or Tuning.MaxBytes, is not
+// carried; a caller's own "traceparent" or "tracestate" attribute wins over the codec's;
 // and SQS's checksum of the AWSTraceHeader (MD5OfMessageSystemAttributes) is
 // checked when SQS sends it but not required. Neither kumo nor fauxqs stores
 // the AWSTraceHeader; both store the W3C attributes.

@@ -82,7 +82,30 @@ func (c *Codec) carried(m codec.Message) carried {
 		_, taken = m.Attributes[TraceStateAttribute]
 		k.state = k.parent && !taken && m.Trace.State != "" && checkAttributeValue(m.Trace.State) == ""
 	}
+	if k.header && c.overLimitWithHeader(m, k) {
+		// SQS does not count a system attribute toward a message's size,
+		// but Size does: a message that fits without the header must not
+		// be refused for it.
+		k.header = false
+	}
 	return k
+}
+
+// overLimitWithHeader reports whether m, carrying k, weighs more by Size
+// than one message or request may (MaxMessageBytes, Tuning.MaxBytes).
+func (c *Codec) overLimitWithHeader(m codec.Message, k carried) bool {
+	limit := c.maxMessage
+	if t := c.tuning.MaxBytes; t > 0 && t < limit {
+		limit = t
+	}
+	n := len(m.Body) + k.size(m)
+	if len(m.Attributes) > 0 {
+		n += attributesSize(m.Attributes)
+	}
+	if m.IdempotencyKey != "" {
+		n += len(c.idemAttr) + len(stringType) + len(m.IdempotencyKey)
+	}
+	return n > limit
 }
 
 // count is the number of message attributes k adds.

@@ -1,0 +1,168 @@
+package actors_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// crasher is a batcher.Listener whose Listening panics: a Deliver naming
+// it, sent to the instance's PID, restarts the destination's batcher (the
+// batcher asks it in its Receive). Its answers are dropped.
+type crasher struct{ n atomic.Int64 }
+
+func (c *crasher) Listening(*actor.PID) bool {
+	c.n.Add(1)
+	panic("adv4: Listening panics")
+}
+func (*crasher) Answer(*actor.PID, codec.Result) {}
+
+// adv4StrictSetup starts an instance and a StrictGroups destination whose
+// codec fails bodies starting "fail" retryably and answers the others with
+// ids made of their bodies, and returns a Deliver for it.
+func adv4StrictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Instance, *fakecodec.Codec, func(group, body string) (string, error)) {
+	const within = 10 * time.Second
+	system, inst := start(t, actors.Config{Name: name})
+	c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	c.Tune = codec.Tuning{Linger: time.Millisecond, StrictGroups: true}
+	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+		res, _ := echoIDs(ctx, batch)
+		for i, m := range batch {
+			if strings.HasPrefix(string(m.Body), "fail") {
+				res[i] = codec.Result{Err: &codec.EntryError{Code: "Flaky"}}
+			}
+		}
+		return res, nil
+	}
+	deliver := func(group, body string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		return inst.Deliver(ctx, c, codec.Message{Tenant: "t", Group: group, Body: []byte(body)})
+	}
+	return system, inst, c, deliver
+}
+
+// Tuning.StrictGroups: "a retryable failure of a message pauses its group
+// until the message is retried, the group is resumed, or GroupPauseMax
+// passes"; Instance.ResumeGroup: "its next delivery is admitted again". A
+// caller that gets a retryable failure, gives that message up and resumes
+// the group at once (ResumeGroup returns nil) must find its next delivery
+// of the group admitted, not answered GroupPausedError for the 30 s of
+// GroupPauseMax: the pause must be in place when the failure is answered,
+// or the resume finds nothing to resume and the pause lands after it.
+func TestAdv4ResumeGroupRightAfterTheFailure(t *testing.T) {
+	rounds := 200
+	if testing.Short() {
+		rounds = 50
+	}
+	_, inst, c, deliver := adv4StrictSetup(t, "adv4resumeat")
+	bg := context.Background()
+	lost := 0
+	for r := range rounds {
+		_, err := deliver("g", fmt.Sprint("fail-", r))
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee)
+		require.Equal(t, "Flaky", ee.Code)
+		require.NoError(t, inst.ResumeGroup(bg, c, "g"), "round %d", r)
+		id, err := deliver("g", fmt.Sprint("next-", r))
+		var gp *messages.GroupPausedError
+		if errors.As(err, &gp) {
+			lost++
+			// The group is paused after all: resume it for the next round.
+			require.Eventually(t, func() bool {
+				p, _ := inst.PausedGroups(bg, c)
+				return len(p) == 1
+			}, time.Second, time.Millisecond)
+			require.NoError(t, inst.ResumeGroup(bg, c, "g"))
+			continue
+		}
+		if assert.NoError(t, err, "round %d", r) {
+			assert.Equal(t, fmt.Sprint("id-next-", r), id)
+		}
+	}
+	assert.Zero(t, lost, "in %d of %d rounds the group was paused after ResumeGroup returned: the failure was answered before its group paused", lost, rounds)
+}
+
+// Instance.ResumeGroup: "its next delivery is admitted again". A group
+// paused after a retryable failure (StrictGroups), with nothing of it
+// queued, is resumed while the destination's batcher restarts (a panic in
+// its Receive): the restart carries the paused groups to the next
+// incarnation, and a resume that lands between the old incarnation handing
+// them over and the new one taking them must not be lost. After each
+// ResumeGroup that returned nil, the group is not paused and its next
+// delivery is sent.
+func TestAdv4ResumeGroupDuringARestart(t *testing.T) {
+	const within = 10 * time.Second
+	rounds := 600
+	if testing.Short() {
+		rounds = 50
+	}
+	system, inst, c, deliver := adv4StrictSetup(t, "adv4resume")
+	crash := &crasher{}
+	bg := context.Background()
+	lost := 0
+	for r := range rounds {
+		// Pause g: its message fails retryably.
+		_, err := deliver("g", fmt.Sprint("fail-", r))
+		require.Error(t, err)
+		require.False(t, codec.IsPermanent(err))
+		// The pause may land just after the answer (see
+		// TestAdv4ResumeGroupRightAfterTheFailure): wait for it.
+		require.Eventually(t, func() bool {
+			p, _ := inst.PausedGroups(bg, c)
+			return len(p) == 1 && p[0] == "g"
+		}, within, 100*time.Microsecond, "round %d: g paused after its failure", r)
+
+		// Restart the batcher and resume g at the same moment.
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			d := &messages.Deliver{Codec: c, Message: codec.Message{Tenant: "t", Body: []byte("crash")}, Deadline: time.Now().Add(within)}
+			d.Ref = &batcher.Direct{Listener: crash, Sender: &actor.PID{Address: system.Address(), Id: "adv4-crash", RequestId: 1}}
+			system.Root.Send(inst.PID(), d)
+		})
+		wg.Go(func() {
+			if r%3 != 0 {
+				time.Sleep(time.Duration(r%50) * time.Microsecond) // spread the resume over the restart
+			}
+			assert.NoError(t, inst.ResumeGroup(bg, c, "g"))
+		})
+		wg.Wait()
+		// A delivery of another group, through the same mailbox: once it
+		// is answered, the restart is over.
+		id, err := deliver("other", fmt.Sprint("after-", r))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("id-after-", r), id)
+
+		paused, err := inst.PausedGroups(bg, c)
+		require.NoError(t, err)
+		if len(paused) > 0 {
+			lost++
+			// Resume it for the next round, as a caller that noticed would.
+			require.NoError(t, inst.ResumeGroup(bg, c, "g"))
+			continue
+		}
+		id, err = deliver("g", fmt.Sprint("next-", r))
+		if assert.NoError(t, err, "round %d: g's next delivery after ResumeGroup", r) {
+			assert.Equal(t, fmt.Sprint("id-next-", r), id)
+		}
+		var gp *messages.GroupPausedError
+		assert.False(t, errors.As(err, &gp))
+	}
+	assert.Positive(t, crash.n.Load(), "the batcher was made to restart")
+	assert.Zero(t, lost, "in %d of %d rounds a ResumeGroup that returned nil during a restart was lost: the group stayed paused", lost, rounds)
+}
