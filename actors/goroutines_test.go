@@ -14,9 +14,9 @@ import (
 )
 
 // A batcher's mailbox runs on a goroutine that waits for its next message
-// while the batcher lives; a batcher that stops idle takes it along, and so
-// does one that Stop stops.
-func TestStoppedBatchersLeaveNoGoroutine(t *testing.T) {
+// while the batcher holds something; once it holds nothing (every delivery
+// answered), stops idle or is stopped, no goroutine of it is left.
+func TestABatcherHoldingNothingKeepsNoGoroutine(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "goroutines"})
 	before := goleak.IgnoreCurrent()
 	deliver := func(c codec.Codec) {
@@ -37,6 +37,9 @@ func TestStoppedBatchersLeaveNoGoroutine(t *testing.T) {
 	busy.Tune = codec.Tuning{Linger: time.Millisecond} // IdleTimeout: a minute
 	deliver(busy)
 	require.Equal(t, 1, inst.Stats().Batchers)
+	// Every delivery is answered: the batcher lives and holds nothing.
+	goleak.VerifyNone(t, before)
+	deliver(busy)
 	require.NoError(t, inst.Stop(context.Background()))
 	goleak.VerifyNone(t, before)
 }

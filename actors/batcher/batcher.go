@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -114,12 +115,17 @@ func Props(p *Params) *actor.Props {
 // is deep enough to make it grow, and copy, on nearly every wake of a busy
 // destination, whose mailbox empties between bursts of callers. Here the
 // goroutine that ran the mailbox waits for its next wake instead of ending,
-// with its grown stack, until the batcher has stopped (close).
+// with its grown stack, while the batcher holds something (queued, waiting
+// or in flight: more messages are coming) and until it has stopped (close).
+// A batcher that holds nothing lets it end, so that a destination that has
+// gone quiet keeps no goroutine for its IdleTimeout.
 type mailboxRef struct {
 	m    actor.Mailbox
 	work chan func()   // unbuffered: a send succeeds only to a waiting goroutine
 	quit chan struct{} // closed once the batcher has stopped
 	once sync.Once
+	// held is what the actor's last advance saw: it holds something.
+	held atomic.Bool
 }
 
 // Schedule runs the mailbox on the goroutine waiting for it, or on a new
@@ -139,11 +145,14 @@ func (r *mailboxRef) Schedule(fn func()) {
 // yields.
 func (*mailboxRef) Throughput() int { return 300 }
 
-// loop runs fn and every run handed to it after, until the batcher has
-// stopped.
+// loop runs fn and every run handed to it after, while the batcher holds
+// something and until it has stopped.
 func (r *mailboxRef) loop(fn func()) {
 	for {
 		fn()
+		if !r.held.Load() {
+			return
+		}
 		select {
 		case fn = <-r.work:
 		case <-r.quit:
@@ -533,6 +542,9 @@ func (b *Batcher) advance(ctx actor.Context) {
 		st = b.d.status(b.now)
 	}
 	b.publish(st)
+	if b.box != nil {
+		b.box.held.Store(st.held)
+	}
 
 	// A request goroutine changes what st says only by ending a request or
 	// taking one, and then it sends done: a stale st is corrected by the
