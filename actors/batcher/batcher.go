@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -92,20 +94,81 @@ const fullSweepEvery = 10 * time.Millisecond
 //
 // Each incarnation reads the depth of that one mailbox (it outlives
 // restarts), to run advance once per run of deliveries instead of once each.
+// The mailbox runs on the batcher's own goroutine (see mailboxRef.Schedule).
 func Props(p *Params) *actor.Props {
-	box := new(mailboxRef)
+	box := &mailboxRef{work: make(chan func()), quit: make(chan struct{})}
 	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p, box: box} },
 		actor.WithMailbox(func() actor.Mailbox {
 			// protoactor produces the actor, then its mailbox, on the
 			// spawning goroutine, before the first message is posted.
 			box.m = actor.UnboundedPriorityMpsc()()
 			return box.m
-		}))
+		}),
+		actor.WithDispatcher(box))
 }
 
 // mailboxRef is the mailbox of one spawned batcher, shared by its
-// incarnations.
-type mailboxRef struct{ m actor.Mailbox }
+// incarnations, and the dispatcher that runs it.
+//
+// protoactor's default dispatcher starts a goroutine each time a mailbox
+// wakes, and a new goroutine's stack is the smallest: a batcher's Receive
+// is deep enough to make it grow, and copy, on nearly every wake of a busy
+// destination, whose mailbox empties between bursts of callers. Here the
+// goroutine that ran the mailbox waits for its next wake instead of ending,
+// with its grown stack, while the batcher holds something (queued, waiting
+// or in flight: more messages are coming) and until it has stopped (close).
+// A batcher that holds nothing lets it end, so that a destination that has
+// gone quiet keeps no goroutine for its IdleTimeout.
+type mailboxRef struct {
+	m    actor.Mailbox
+	work chan func()   // unbuffered: a send succeeds only to a waiting goroutine
+	quit chan struct{} // closed once the batcher has stopped
+	once sync.Once
+	// held is what the actor's last advance saw: it holds something.
+	held atomic.Bool
+}
+
+// Schedule runs the mailbox on the goroutine waiting for it, or on a new
+// one if none waits (the first wake, or the goroutine has not come back
+// to wait yet). protoactor schedules a mailbox only when it is not running,
+// so at most one fn runs at a time; a second goroutine that starts while the
+// first has yet to wait again ends with it, at close.
+func (r *mailboxRef) Schedule(fn func()) {
+	select {
+	case r.work <- fn:
+	default:
+		go r.loop(fn)
+	}
+}
+
+// Throughput is protoactor's default: messages run before the goroutine
+// yields.
+func (*mailboxRef) Throughput() int { return 300 }
+
+// loop runs fn and every run handed to it after, while the batcher holds
+// something and until it has stopped.
+func (r *mailboxRef) loop(fn func()) {
+	for {
+		fn()
+		if !r.held.Load() {
+			return
+		}
+		select {
+		case fn = <-r.work:
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+// close ends the goroutines waiting to run the mailbox: the batcher has
+// stopped, and what still reaches its mailbox (protoactor drops it) runs on
+// a goroutine of its own.
+func (r *mailboxRef) close() {
+	if r != nil && r.quit != nil {
+		r.once.Do(func() { close(r.quit) })
+	}
+}
 
 // pending reports whether user messages wait in the mailbox: each will run
 // Receive, so advance may wait for the last of them.
@@ -209,6 +272,9 @@ func (b *Batcher) receive(ctx actor.Context) {
 		return
 	case *actor.Stopping:
 		b.end(messages.ErrStopped)
+		return
+	case *actor.Stopped:
+		b.box.close()
 		return
 	default:
 		if b.deferred == 0 {
@@ -476,6 +542,9 @@ func (b *Batcher) advance(ctx actor.Context) {
 		st = b.d.status(b.now)
 	}
 	b.publish(st)
+	if b.box != nil {
+		b.box.held.Store(st.held)
+	}
 
 	// A request goroutine changes what st says only by ending a request or
 	// taking one, and then it sends done: a stale st is corrected by the

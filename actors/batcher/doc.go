@@ -14,7 +14,10 @@
 // step by step (queue_test.go) and a fuzzer compares it with a simple model.
 // Batcher is the thin driver around it, as raft's node drives RawNode: it
 // feeds the queue deliveries and ticks, runs each batch's request on a
-// goroutine of its own, and turns what comes back into answers.
+// goroutine of its own, and turns what comes back into answers. While it
+// holds something, its mailbox runs on one goroutine that waits between
+// messages for the next (mailboxRef), instead of protoactor's new goroutine
+// per wake.
 //
 // # Concurrency
 //
