@@ -13,6 +13,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -32,23 +33,7 @@ func TestAdv4AbandonedWhileQueuedIsNeverSent(t *testing.T) {
 	)
 	system, inst := start(t, actors.Config{Name: "adv4abandon"})
 	c, v := valved("adv4abandon", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}, codec.Tuning{Linger: time.Millisecond, MaxInflight: 1})
-	inner := c.Hook
-	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		if _, err := inner(ctx, batch); err != nil {
-			return nil, err
-		}
-		return echoIDs(ctx, batch)
-	}
-	t.Cleanup(v.Open)
-
-	plugged := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), within)
-		defer cancel()
-		_, err := inst.Deliver(ctx, c, codec.Message{Tenant: "plug", Body: []byte("plug")})
-		plugged <- err
-	}()
-	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, within, time.Millisecond, "the plug holds the slot")
+	plugged := plug(t, inst, c, v, within)
 
 	type outcome struct {
 		body string
@@ -144,22 +129,7 @@ func TestAdv4AbandonedWhileBlockedIsNeverSent(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "adv4block"})
 	c, v := valved("adv4block", codec.Limits{MaxEntries: 3, MaxBytes: 1 << 20},
 		codec.Tuning{Linger: time.Millisecond, MaxInflight: 1, QueueMax: queueMax, WhenFull: codec.Block})
-	inner := c.Hook
-	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		if _, err := inner(ctx, batch); err != nil {
-			return nil, err
-		}
-		return echoIDs(ctx, batch)
-	}
-	t.Cleanup(v.Open)
-	plugged := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), within)
-		defer cancel()
-		_, err := inst.Deliver(ctx, c, codec.Message{Tenant: "plug", Body: []byte("plug")})
-		plugged <- err
-	}()
-	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, within, time.Millisecond, "the plug holds the slot")
+	plugged := plug(t, inst, c, v, within)
 
 	type outcome struct {
 		body string
@@ -215,4 +185,28 @@ func TestAdv4AbandonedWhileBlockedIsNeverSent(t *testing.T) {
 	}
 	assert.Len(t, c.Sent(), 1+callers/2)
 	require.Eventually(t, func() bool { s := inst.Stats(); return s.Queued == 0 && s.Waiting == 0 && s.InFlight == 0 }, within, time.Millisecond)
+}
+
+// plug makes c answer each message with an id of its body once v lets its
+// request through, and starts one delivery that holds c's only slot at v
+// until the test opens it; it returns that delivery's answer.
+func plug(t *testing.T, inst *actors.Instance, c *fakecodec.Codec, v *valve, within time.Duration) <-chan error {
+	t.Helper()
+	inner := c.Hook
+	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+		if _, err := inner(ctx, batch); err != nil {
+			return nil, err
+		}
+		return echoIDs(ctx, batch)
+	}
+	t.Cleanup(v.Open)
+	plugged := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		_, err := inst.Deliver(ctx, c, codec.Message{Tenant: "plug", Body: []byte("plug")})
+		plugged <- err
+	}()
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, within, time.Millisecond, "the plug holds the slot")
+	return plugged
 }
