@@ -65,7 +65,7 @@ type Stats struct {
 	Queued      int   // entries waiting, not in a request
 	QueuedBytes int64 // their Size
 	InFlight    int   // requests in flight
-	Waiting     int   // deliveries blocked waiting for room (Tuning.WhenFull Block)
+	Waiting     int   // deliveries blocked waiting for room (Tuning.WhenFull Block); see the package doc
 }
 
 // Instance is a running sinkbatch: one supervisor and a batcher per

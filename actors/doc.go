@@ -68,8 +68,10 @@
 // group's waiters never overtake each other. At most QueueMax deliveries
 // wait; past that a tenant with fewer waiters takes the place of the newest
 // waiter of the tenant with the most (that waiter is refused), or the
-// delivery is refused as with Refuse. Stats.Waiting counts the waiters;
-// Stop answers them messages.ErrStopped.
+// delivery is refused as with Refuse. Stats.Waiting counts the waiters; a
+// waiter whose caller gave up still counts until the batcher next looks at
+// the waiting list (room frees, a full queue is swept, or the waiter's
+// deadline passes). Stop answers them messages.ErrStopped.
 //
 // Adaptive: the destination's in-flight limit starts at 1 and moves
 // between 1 and MaxInflight by AIMD on request time, after Vector's
