@@ -56,6 +56,18 @@ var (
 	ErrUnknownDestination error = permanentError("sinkbatch: unknown destination")
 )
 
+// errNotDeliver answers what is sent to Node.PID and is not a non-nil
+// *Deliver: permanent, and errors.Is messages.ErrNotDeliver.
+var errNotDeliver error = notDeliverError{}
+
+type notDeliverError struct{}
+
+func (notDeliverError) Error() string {
+	return "sinkbatch: a clustered node takes only a non-nil *clustered.Deliver"
+}
+func (notDeliverError) Unwrap() error          { return messages.ErrNotDeliver }
+func (notDeliverError) PermanentFailure() bool { return true }
+
 // permanentError is a sentinel error that codec.IsPermanent classifies as
 // permanent.
 type permanentError string
