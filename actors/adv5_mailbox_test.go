@@ -17,6 +17,7 @@ import (
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 	"github.com/ankusa/sinkbatch/internal/testinst"
 	"github.com/ankusa/sinkbatch/messages"
+	"github.com/ankusa/sinkbatch/telemetry"
 )
 
 // While one request holds the batcher busy, rounds of callers make its
@@ -139,5 +140,37 @@ func TestAdv5IdleStopRacesDeliveries(t *testing.T) {
 	assert.Len(t, c.Sent(), 4*100)
 	assert.Greater(t, logs.Count("batcher started"), 3, "the batcher stopped idle again and again")
 	require.Eventually(t, func() bool { return inst.Stats().Batchers == 0 }, 10*time.Second, time.Millisecond)
+	goleak.VerifyNone(t, before)
+}
+
+// adv5Panicky is a Recorder whose Refused panics: a refusal restarts the
+// batcher from its Receive while its mailbox goroutine last saw it hold
+// something.
+type adv5Panicky struct{ recorder }
+
+func (p *adv5Panicky) Sink(string) telemetry.SinkRecorder { return p }
+func (*adv5Panicky) Refused(messages.FullReason)          { panic("adv5: Refused panics") }
+
+// A panic in user code (the Recorder) while the batcher holds a request
+// and a full queue: each caller is answered once (the refused one and the
+// queued one ErrBatcherDown, the one in flight ErrBatcherDown as the
+// restart answers it), the restarted batcher serves the next delivery,
+// and once it holds nothing no goroutine of it is left.
+func TestAdv5APanicInTheRecorderLeavesNoMailboxGoroutine(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adv5-panic", Recorder: &adv5Panicky{}})
+	before := goleak.IgnoreCurrent()
+	c, v := valved("panicky", codec.Limits{MaxEntries: 1, MaxBytes: 1 << 20}, codec.Tuning{MaxInflight: 1, QueueMax: 1, Linger: time.Millisecond})
+	first := deliverBg(context.Background(), inst, c, codec.Message{Body: []byte("0")})
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, 10*time.Second, time.Millisecond)
+	queued := deliverBg(context.Background(), inst, c, codec.Message{Body: []byte("1")})
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, 10*time.Second, time.Millisecond)
+	_, err := inst.Deliver(context.Background(), c, codec.Message{Body: []byte("2")})
+	assert.ErrorIs(t, err, messages.ErrBatcherDown, "the refused delivery's Recorder call panicked")
+	assert.ErrorIs(t, <-queued, messages.ErrBatcherDown)
+	assert.ErrorIs(t, <-first, messages.ErrBatcherDown)
+	v.Open()
+	_, err = inst.Deliver(context.Background(), c, codec.Message{Body: []byte("3")})
+	require.NoError(t, err, "the restarted batcher serves")
+	require.Eventually(t, func() bool { return inst.Stats() == actors.Stats{Batchers: 1} }, 10*time.Second, time.Millisecond)
 	goleak.VerifyNone(t, before)
 }
