@@ -4,9 +4,12 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -89,6 +92,68 @@ func TestAMailboxRunThatOverlapsTheLastLeavesNoGoroutineOnceNothingIsHeld(t *tes
 	// The batcher's next run leaves it holding nothing.
 	r.Schedule(rs.wrap(func() { r.held.Store(false); ran <- struct{}{} }))
 	<-ran
+	require.Eventually(t, func() bool { alive, _ := rs.left(); return alive == 0 }, 5*time.Second, time.Millisecond,
+		"a batcher that holds nothing keeps no goroutine")
+}
+
+// countingInvoker is a mailbox's invoker that counts user messages, catches
+// two runs at once, and makes the batcher hold something or nothing as
+// each message says.
+type countingInvoker struct {
+	r       *mailboxRef
+	running atomic.Bool
+	overlap atomic.Int64
+	n       atomic.Int64
+}
+
+func (c *countingInvoker) InvokeSystemMessage(any) {}
+func (c *countingInvoker) InvokeUserMessage(m any) {
+	if !c.running.CompareAndSwap(false, true) {
+		c.overlap.Add(1)
+	}
+	c.r.held.Store(m.(bool))
+	c.n.Add(1)
+	c.running.Store(false)
+}
+func (c *countingInvoker) EscalateFailure(any, any) {}
+
+// wrapped is a mailboxRef that records the goroutines its runs go on.
+type wrapped struct {
+	*mailboxRef
+	rs *runners
+}
+
+func (w wrapped) Schedule(fn func()) { w.mailboxRef.Schedule(w.rs.wrap(fn)) }
+
+// protoactor's own mailbox, posted to from many goroutines, run by
+// mailboxRef while the batcher holds something now and then: every message
+// runs once, never two at a time, and once the last run sees the batcher
+// hold nothing no goroutine of the mailbox is left.
+func TestAdv5MailboxRunsEveryMessageOnceOnOneGoroutineAtATime(t *testing.T) {
+	r := newMailboxRef()
+	defer r.close()
+	rs := &runners{ids: map[string]bool{}}
+	inv := &countingInvoker{r: r}
+	m := actor.UnboundedPriorityMpsc()()
+	m.RegisterHandlers(inv, wrapped{r, rs})
+	m.Start()
+	const posters, each = 8, 5000
+	var wg sync.WaitGroup
+	for p := range posters {
+		wg.Go(func() {
+			for i := range each {
+				m.PostUserMessage((p+i)%3 != 0)
+				if i%64 == 0 {
+					runtime.Gosched()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return inv.n.Load() == posters*each }, 10*time.Second, time.Millisecond)
+	m.PostUserMessage(false) // the batcher holds nothing
+	require.Eventually(t, func() bool { return inv.n.Load() == posters*each+1 }, 10*time.Second, time.Millisecond)
+	assert.Zero(t, inv.overlap.Load(), "two runs at once")
 	require.Eventually(t, func() bool { alive, _ := rs.left(); return alive == 0 }, 5*time.Second, time.Millisecond,
 		"a batcher that holds nothing keeps no goroutine")
 }
