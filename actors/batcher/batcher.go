@@ -96,7 +96,7 @@ const fullSweepEvery = 10 * time.Millisecond
 // restarts), to run advance once per run of deliveries instead of once each.
 // The mailbox runs on the batcher's own goroutine (see mailboxRef.Schedule).
 func Props(p *Params) *actor.Props {
-	box := &mailboxRef{work: make(chan func()), quit: make(chan struct{})}
+	box := newMailboxRef()
 	return actor.PropsFromProducer(func() actor.Actor { return &Batcher{p: p, box: box} },
 		actor.WithMailbox(func() actor.Mailbox {
 			// protoactor produces the actor, then its mailbox, on the
@@ -119,26 +119,47 @@ func Props(p *Params) *actor.Props {
 // or in flight: more messages are coming) and until it has stopped (close).
 // A batcher that holds nothing lets it end, so that a destination that has
 // gone quiet keeps no goroutine for its IdleTimeout.
+//
+// There is at most one such goroutine: protoactor sets a mailbox idle
+// before its run returns, so the next wake can come while the run that
+// goroutine is in has yet to end; that wake waits for it (next) instead of
+// starting a second goroutine, which would wait on after the first saw the
+// batcher hold nothing.
 type mailboxRef struct {
-	m    actor.Mailbox
-	work chan func()   // unbuffered: a send succeeds only to a waiting goroutine
-	quit chan struct{} // closed once the batcher has stopped
-	once sync.Once
-	// held is what the actor's last advance saw: it holds something.
+	m actor.Mailbox
+	// held is what the actor's last advance saw: it holds something. Only
+	// the mailbox's goroutine changes it, in a run.
 	held atomic.Bool
+
+	mu      sync.Mutex
+	wake    sync.Cond // signalled when next is set or closed
+	alive   bool      // a goroutine runs the mailbox, or waits to
+	next    func()    // the run handed to it, not yet started
+	stopped bool      // the batcher has stopped (close)
 }
 
-// Schedule runs the mailbox on the goroutine waiting for it, or on a new
-// one if none waits (the first wake, or the goroutine has not come back
-// to wait yet). protoactor schedules a mailbox only when it is not running,
-// so at most one fn runs at a time; a second goroutine that starts while the
-// first has yet to wait again ends with it, at close.
+// newMailboxRef returns the dispatcher of one spawned batcher.
+func newMailboxRef() *mailboxRef {
+	r := &mailboxRef{}
+	r.wake.L = &r.mu
+	return r
+}
+
+// Schedule hands the mailbox's run to its goroutine, or starts one if there
+// is none (the first wake, or the batcher held nothing after the last run).
+// protoactor schedules a mailbox only when it is not running, so at most
+// one run is handed over at a time.
 func (r *mailboxRef) Schedule(fn func()) {
-	select {
-	case r.work <- fn:
-	default:
-		go r.loop(fn)
+	r.mu.Lock()
+	if r.alive {
+		r.next = fn
+		r.mu.Unlock()
+		r.wake.Signal()
+		return
 	}
+	r.alive = true
+	r.mu.Unlock()
+	go r.loop(fn)
 }
 
 // Throughput is protoactor's default: messages run before the goroutine
@@ -146,28 +167,36 @@ func (r *mailboxRef) Schedule(fn func()) {
 func (*mailboxRef) Throughput() int { return 300 }
 
 // loop runs fn and every run handed to it after, while the batcher holds
-// something and until it has stopped.
+// something and until it has stopped. held cannot change while it waits:
+// only a run changes it.
 func (r *mailboxRef) loop(fn func()) {
 	for {
 		fn()
-		if !r.held.Load() {
+		r.mu.Lock()
+		for r.next == nil && r.held.Load() && !r.stopped {
+			r.wake.Wait()
+		}
+		fn, r.next = r.next, nil
+		if fn == nil {
+			r.alive = false
+			r.mu.Unlock()
 			return
 		}
-		select {
-		case fn = <-r.work:
-		case <-r.quit:
-			return
-		}
+		r.mu.Unlock()
 	}
 }
 
-// close ends the goroutines waiting to run the mailbox: the batcher has
+// close ends the goroutine waiting to run the mailbox: the batcher has
 // stopped, and what still reaches its mailbox (protoactor drops it) runs on
-// a goroutine of its own.
+// a goroutine that ends with that run.
 func (r *mailboxRef) close() {
-	if r != nil && r.quit != nil {
-		r.once.Do(func() { close(r.quit) })
+	if r == nil {
+		return
 	}
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.wake.Broadcast()
 }
 
 // pending reports whether user messages wait in the mailbox: each will run

@@ -16,8 +16,9 @@
 // feeds the queue deliveries and ticks, runs each batch's request on a
 // goroutine of its own, and turns what comes back into answers. While it
 // holds something, its mailbox runs on one goroutine that waits between
-// messages for the next (mailboxRef), instead of protoactor's new goroutine
-// per wake.
+// messages for the next (mailboxRef, whose own lock guards only the handing
+// of a run to that goroutine), instead of protoactor's new goroutine per
+// wake.
 //
 // # Concurrency
 //

@@ -25,6 +25,11 @@ const (
 	maxBackoff = 100 * time.Millisecond
 )
 
+// errLeavingOwner answers a caller of a member that is leaving whose
+// destination the member owns: it was not admitted, and cannot be until
+// the member has left.
+var errLeavingOwner = fmt.Errorf("%w: the member is leaving the cluster and owns the destination; the message was not sent", messages.ErrStopped)
+
 // memberLeft answers a call whose target left the cluster: a request or a
 // delivery that may have reached it.
 type memberLeft struct{}
@@ -368,6 +373,12 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 				return codec.Result{}, fmt.Errorf("%w: its member left the cluster before answering", ErrUnreachable)
 			}
 			n.cache.forget(destination, pid)
+		}
+		if n.leaving.Load() && n.topo.owner(destination) == n.system.Address() {
+			// This member stopped admitting, and its topology names it
+			// the owner until Leave is done, which waits for this call:
+			// no attempt can be admitted before then.
+			return codec.Result{}, errLeavingOwner
 		}
 		if err := n.pause(ctx, backoff); err != nil {
 			return codec.Result{}, err

@@ -56,6 +56,18 @@ var (
 	ErrUnknownDestination error = permanentError("sinkbatch: unknown destination")
 )
 
+// errNotDeliver answers what is sent to Node.PID and is not a non-nil
+// *Deliver: permanent, and errors.Is messages.ErrNotDeliver.
+var errNotDeliver error = notDeliverError{}
+
+type notDeliverError struct{}
+
+func (notDeliverError) Error() string {
+	return "sinkbatch: a clustered node takes only a non-nil *clustered.Deliver"
+}
+func (notDeliverError) Unwrap() error          { return messages.ErrNotDeliver }
+func (notDeliverError) PermanentFailure() bool { return true }
+
 // permanentError is a sentinel error that codec.IsPermanent classifies as
 // permanent.
 type permanentError string
@@ -284,9 +296,11 @@ func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 // Leave hands off every destination this member owns and leaves the
 // cluster, in this order: the member stops admitting deliveries (callers
 // are turned to the other members, which wait for the hand-off before they
-// admit any) and Deliver answers messages.ErrStopped; everything the member
-// admitted is answered by its batchers; deliveries this member's callers
-// have in progress elsewhere are answered; then the member leaves the
+// admit any) and Deliver answers messages.ErrStopped, as it does a delivery
+// in progress of this member's callers to a destination the member owns
+// and had not admitted; everything the member admitted is answered by its
+// batchers; deliveries this member's callers have in progress elsewhere
+// are answered; then the member leaves the
 // cluster gracefully (cluster.Shutdown(true)), which also shuts down the
 // actor system. Stop Config.Instance afterwards. If ctx ends first, the
 // member leaves all the same and Leave returns an error wrapping ctx.Err():

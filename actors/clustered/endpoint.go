@@ -1,6 +1,9 @@
 package clustered
 
 import (
+	"fmt"
+	"log/slog"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 
@@ -20,7 +23,8 @@ import (
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
 //     batcher.Direct), and HandoffRequests from other members;
-//   - *Deliver, the actor form of Node.Deliver.
+//   - *Deliver, the actor form of Node.Deliver; anything else with a sender
+//     is answered errNotDeliver.
 type endpoint struct{ n *Node }
 
 func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
@@ -44,8 +48,28 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 			n.apply(n.ledger.request(m.Destination, sender))
 		}
 	case *Deliver:
-		n.deliverFor(sender, m)
+		if m != nil {
+			n.deliverFor(sender, m)
+			return
+		}
+		n.notDeliver(sender, msg)
+	default:
+		n.notDeliver(sender, msg)
 	}
+}
+
+// notDeliver answers msg, sent to the node's PID but not a non-nil
+// *Deliver, at once: its sender would otherwise wait for its own timeout.
+func (n *Node) notDeliver(sender *actor.PID, msg any) {
+	n.log.Warn("sinkbatch: a clustered node takes only a non-nil *clustered.Deliver", slog.String("type", fmt.Sprintf("%T", msg)))
+	if sender == nil {
+		return
+	}
+	var ref any
+	if v, isValue := msg.(Deliver); isValue {
+		ref = v.Ref
+	}
+	n.system.Root.Send(sender, &messages.Delivered{Ref: ref, Err: errNotDeliver})
 }
 
 func (e *endpoint) SendSystemMessage(*actor.PID, any) {}

@@ -73,12 +73,17 @@
 // reads them; they count toward the 10 attributes (Validate) and the size.
 // TraceBoth sends both; TraceOff nothing. Size counts what is carried, the
 // AWSTraceHeader too, although SQS does not count a system attribute toward a
-// message's size. A trace context never costs a message its delivery: an
-// invalid traceparent, a tracestate SQS would refuse, or an AWSTraceHeader
-// that would take a message past MaxMessageBytes or Tuning.MaxBytes, is not
-// carried; a caller's own "traceparent" or "tracestate" attribute wins over the codec's;
-// and SQS's checksum of the AWSTraceHeader (MD5OfMessageSystemAttributes) is
-// checked when SQS sends it but not required. Neither kumo nor fauxqs stores
+// message's size. In the default mode a trace context never costs a message
+// its delivery: an invalid traceparent, a tracestate SQS would refuse, or an
+// AWSTraceHeader that would take a message past MaxMessageBytes or
+// Tuning.MaxBytes, is not carried; a caller's own "traceparent" or
+// "tracestate" attribute wins over the codec's; and SQS's checksum of the
+// AWSTraceHeader (MD5OfMessageSystemAttributes) is checked when SQS sends it
+// but not required. The W3C attributes (TraceW3CAttributes, TraceBoth) are
+// carried whenever the traceparent is valid and count as the caller's own
+// do: a message they take past 10 attributes or past MaxMessageBytes or
+// Tuning.MaxBytes is refused at admission, permanently, so a message sent
+// in those modes must leave them room. Neither kumo nor fauxqs stores
 // the AWSTraceHeader; both store the W3C attributes.
 //
 // # Errors

@@ -64,7 +64,9 @@ const awsTraceHeaderLen = 7 + 8 + 1 + 24 + 8 + 16 + 9 + 1
 // (header) and which W3C attributes (parent, state). A Parent that is not a
 // valid traceparent, a tracestate SQS would refuse, and a W3C attribute whose
 // name m.Attributes already uses (the caller's own value wins) are not
-// carried: a trace context must never cost a message its delivery.
+// carried: a malformed trace context must never cost a message its
+// delivery, nor an AWSTraceHeader, which SQS does not count (the W3C
+// attributes count as the caller's own: see the package doc).
 type carried struct {
 	header        bool
 	parent, state bool
