@@ -58,7 +58,8 @@ func TestBlockWaitsForRoomInsteadOfRefusing(t *testing.T) {
 	}
 	assert.Empty(t, rec.Refusals(), "nothing refused")
 	assert.Len(t, c.Sent(), 5)
-	assert.Zero(t, inst.Stats().Waiting)
+	// Stats are published after the callers are answered.
+	require.Eventually(t, func() bool { return inst.Stats().Waiting == 0 }, 5*time.Second, time.Millisecond, "no waiter left")
 }
 
 // A waiter whose deadline passes is answered with an error wrapping

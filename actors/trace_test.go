@@ -219,7 +219,9 @@ func TestTracingPropagatesToTheConsumer(t *testing.T) {
 	defer ks.Close()
 	awsCfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""), BaseEndpoint: aws.String(ks.URL)}
 	client := awssqs.NewFromConfig(awsCfg)
-	created, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String("traced")})
+	// A name of its own per run: kumo keeps queues across servers in one
+	// process, so a second run (-count) would read the first one's message.
+	created, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(fmt.Sprint("traced-", time.Now().UnixNano()))})
 	require.NoError(t, err)
 	q, err := sqs.New(sqs.Config{QueueURL: aws.ToString(created.QueueUrl), AWS: awsCfg, TracePropagation: sqs.TraceW3CAttributes,
 		AttributeChecksumsOptional: true, Tuning: codec.Tuning{Linger: time.Millisecond}})
