@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
@@ -29,16 +30,46 @@ import (
 // without an error must get its own message's id, a caller with time to
 // spare that did not give up must get no error at all, and some cancelled
 // callers' messages must have been sent and answered after their callers
-// gave up (the late answers that make the order matter).
+// gave up (the late answers that make the order matter). The same holds
+// when deliveries wait for room (WhenFull Block: their entries are never
+// released) and when the instance traces (the caller ends its create span).
 func TestARecordIsNeverReusedWhileItsBatcherCanAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cfg        actors.Config
+		tune       codec.Tuning
+		goroutines int
+		groups     bool // each caller's messages are of one of 4 groups
+	}{
+		{name: "refuse", goroutines: 32},
+		// 20 callers never outnumber QueueMax queued plus QueueMax waiting:
+		// none is refused for fullness.
+		{name: "block", tune: codec.Tuning{WhenFull: codec.Block, QueueMax: 10}, goroutines: 20},
+		{name: "block-groups", tune: codec.Tuning{WhenFull: codec.Block, QueueMax: 10}, goroutines: 20, groups: true},
+		{name: "traced", cfg: actors.Config{TracerProvider: sdktrace.NewTracerProvider()}, goroutines: 32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Name = "reuse-" + tc.name
+			tc.tune.Linger, tc.tune.MaxInflight = 50*time.Microsecond, 4
+			checkNoReuse(t, tc.cfg, tc.tune, tc.goroutines, tc.groups)
+		})
+	}
+}
+
+// checkNoReuse is TestARecordIsNeverReusedWhileItsBatcherCanAnswer for an
+// instance configured with cfg, a destination tuned with tune, and
+// goroutines callers, whose messages are of 4 groups if groups is set.
+func checkNoReuse(t *testing.T, cfg actors.Config, tune codec.Tuning, goroutines int, groups bool) {
 	const (
-		goroutines = 32
-		each       = 300
-		within     = 30 * time.Second
+		each   = 300
+		within = 30 * time.Second
 	)
-	_, inst := start(t, actors.Config{Name: "reuse"})
-	c := fakecodec.New("reuse", codec.Limits{MaxEntries: 16, MaxBytes: 1 << 20})
-	c.Tune = codec.Tuning{Linger: 50 * time.Microsecond, MaxInflight: 4}
+	if tp, ok := cfg.TracerProvider.(*sdktrace.TracerProvider); ok {
+		t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	}
+	_, inst := start(t, cfg)
+	c := fakecodec.New(cfg.Name, codec.Limits{MaxEntries: 16, MaxBytes: 1 << 20})
+	c.Tune = tune
 	c.Latency, c.Jitter, c.Discard = 300*time.Microsecond, 250*time.Microsecond, true
 	var sentMu sync.Mutex
 	sent := map[string]bool{} // bodies of cancelled calls' messages that were sent
@@ -86,7 +117,11 @@ func TestARecordIsNeverReusedWhileItsBatcherCanAnswer(t *testing.T) {
 					body = fmt.Sprintf("w%d-%d", g, i)
 					ctx, cancel = context.WithTimeout(context.Background(), within)
 				}
-				id, err := inst.Deliver(ctx, c, codec.Message{Tenant: fmt.Sprint("t", g%4), Body: []byte(body)})
+				m := codec.Message{Tenant: fmt.Sprint("t", g%4), Body: []byte(body)}
+				if groups {
+					m.Group = fmt.Sprint("g", g%4)
+				}
+				id, err := inst.Deliver(ctx, c, m)
 				cancel()
 				switch {
 				case err == nil:
