@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -209,11 +210,13 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		deadline = time.Now().Add(i.timeout)
 		w.bound(addSat(monoNow(), int64(i.timeout)))
 	}
-	// One allocation holds the call's Deliver, its sender PID, the Direct
-	// that names both to the batcher and the room for the batcher's entry.
-	// It is never pooled: an abandoned call's record lives on until the
-	// batcher lets it go.
-	rec := &call{deliver: messages.Deliver{Codec: c, Message: m, Deadline: deadline}}
+	// One record holds the call's Deliver, its sender PID, the Direct that
+	// names both to the batcher and the room for the batcher's entry. It
+	// serves another call once both this call and the batcher have let go
+	// of it (see call).
+	rec := newCall()
+	defer rec.Release()
+	rec.deliver = messages.Deliver{Codec: c, Message: m, Deadline: deadline}
 	sender := &rec.sender
 	w.begin(sender, i.system.Address())
 	rec.direct = batcher.Direct{Listener: w, Sender: sender, Room: &rec.room}
@@ -280,11 +283,42 @@ func addSat(a, d int64) int64 {
 }
 
 // call is one Deliver call's record: what it sends and who is answered.
+//
+// A record is shared by two parties, the call and the batcher that takes
+// its Room, and serves another call only once both have let go of it: the
+// call when Deliver returns, the batcher when it has answered the call
+// from its request's result (batcher.Owner), which can come after the call
+// gave up. Whichever lets go last puts it back in the pool. A batcher that
+// never lets go (the call was refused, expired, answered by a restart, or
+// the Deliver never reached a batcher) leaves the record to the collector,
+// so a record a batcher may still read is never handed to another call.
 type call struct {
 	deliver messages.Deliver
 	sender  actor.PID
 	direct  batcher.Direct
 	room    batcher.Room
+	refs    atomic.Int32 // parties still holding the record
+}
+
+// calls are the records that no party holds.
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+// newCall returns a zeroed record held by the call and by the batcher that
+// will take its Room.
+func newCall() *call {
+	rec := calls.Get().(*call)
+	rec.refs.Store(2)
+	rec.room.SetOwner(rec)
+	return rec
+}
+
+// Release lets go of rec for one party; the last one resets it and puts it
+// back in the pool.
+func (rec *call) Release() {
+	if rec.refs.Add(-1) == 0 {
+		*rec = call{}
+		calls.Put(rec)
+	}
 }
 
 // PID is where actors send *messages.Deliver, with ctx.Request or a future,

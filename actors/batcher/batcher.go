@@ -426,6 +426,11 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	// waiting without a word.
 	cancels := b.p.Cancels.Load()
 	a := b.d.admit(e, b.now, cancels != b.cancelsSeen || b.now-b.lastFullSweep >= int64(fullSweepEvery))
+	if a.ok || a.waiting {
+		// Queued: a request goroutine may send, answer and release it
+		// (see Owner) from now on, so nothing here may reach it again.
+		b.current = caller{}
+	}
 	if a.swept {
 		b.cancelsSeen, b.lastFullSweep = cancels, b.now
 		b.answerDropped(a.dropped, b.now)
@@ -438,7 +443,6 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	}
 	switch {
 	case a.ok, a.waiting:
-		b.current = caller{}
 	case a.paused != nil:
 		b.current = caller{}
 		b.reply(c, codec.Result{Err: a.paused})

@@ -86,6 +86,7 @@ func (q *queue) wait(e *entry) bool {
 		}
 		f.push(e)
 	}
+	e.waited = true
 	w.n++
 	w.minDeadline = min(w.minDeadline, e.deadline)
 	return true

@@ -30,6 +30,9 @@ type entry struct {
 	// waitGone: the entry has left the waiting list (block.go), admitted
 	// or answered, while still in its FIFOs' slices.
 	waitGone bool
+	// waited: the entry has been in the waiting list, whose slices may
+	// still hold it: its Room is never released (see Owner).
+	waited bool
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries

@@ -65,8 +65,29 @@ type Direct struct {
 // share an entry); any later one allocates its own.
 type Room struct {
 	taken atomic.Bool
+	owner Owner // told when the batcher that took the Room lets go of it; nil: nobody
 	e     entry
 }
+
+// Owner is told when a batcher lets go of a Room, so that the memory the
+// Room shares with its Deliver, Direct and Sender (the front door's call
+// record) can serve another call once its caller has let go too.
+//
+// The batcher that took the Room calls Release at most once, after its last
+// touch of the Room, of the Deliver naming it and of what that Deliver's
+// Direct names. It calls it only for an entry it sent and answered itself
+// from its request's result; an entry dropped, refused, answered by the
+// actor (expired in flight, restart, abort, stop) or that ever waited for
+// room (WhenFull Block, whose list lets go of its entries lazily) is never
+// released: its memory is left to the collector. A Room with an Owner must
+// name a Deliver that is sent once and never copied: a copy's entry is not
+// the Room's, and would answer through a Direct already handed on.
+type Owner interface {
+	Release()
+}
+
+// SetOwner makes o the Owner of r, which no batcher has taken yet.
+func (r *Room) SetOwner(o Owner) { r.owner = o }
 
 // entryFor is where d's entry goes: the Room its Direct names, if this is
 // the first claim on it, else a new entry.
@@ -75,6 +96,21 @@ func entryFor(d *messages.Deliver) *entry {
 		return &r.Room.e
 	}
 	return new(entry)
+}
+
+// release tells the Owner of e's Room, if e is that Room's entry and never
+// waited for room, that the batcher has let go of it (see Owner). Only a
+// request goroutine calls it, for an entry whose claim it won, after
+// answering it: the entry has left the queue's lanes (pop clears its
+// slot), its batch has left the running set (finishWith), so neither the
+// actor nor another goroutine reaches it again.
+func release(e *entry) {
+	if e.waited {
+		return
+	}
+	if r, ok := e.to.deliver.Ref.(*Direct); ok && r.Room != nil && r.Room.owner != nil && &r.Room.e == e {
+		r.Room.owner.Release()
+	}
 }
 
 // SenderOf is who a Deliver is answered to: the sender of its envelope, or,

@@ -117,6 +117,7 @@ func (b *Batcher) answer(f *inflight, buf *buffers) {
 	for i, e := range f.entries {
 		if f.claims[i].CompareAndSwap(false, true) {
 			b.reply(e.to, results[i])
+			release(e)
 		}
 	}
 }

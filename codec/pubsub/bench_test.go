@@ -54,7 +54,8 @@ const (
 // through each. It reports msgs/s and CPU time (user+sys of the whole
 // process, the in-process server included) per message and heap allocations
 // (runtime.MemStats.Mallocs, the whole process, the server included) per
-// message for each, and sinkbatch's ratios to google (rate-ratio,
+// message and heap bytes allocated (runtime.MemStats.TotalAlloc, likewise)
+// per message for each, and sinkbatch's ratios to google (rate-ratio,
 // cpu-ratio), to the floor (floor-rate-ratio, floor-cpu-ratio) and to the
 // handoff (handoff-rate-ratio, handoff-cpu-ratio), and the handoff's and
 // the self-batching callers' msgs/s ratios to the floor
@@ -194,11 +195,15 @@ func benchCompare(b *testing.B, ordered bool, callers int) {
 	b.ReportMetric(float64(s.allocs)/n, "sinkbatch-allocs/msg")
 	b.ReportMetric(float64(g.allocs)/n, "google-allocs/msg")
 	b.ReportMetric(float64(f.allocs)/n, "floor-allocs/msg")
+	b.ReportMetric(float64(s.bytes)/n, "sinkbatch-B/msg")
+	b.ReportMetric(float64(g.bytes)/n, "google-B/msg")
+	b.ReportMetric(float64(f.bytes)/n, "floor-B/msg")
 	if h != nil {
 		hRate, hCPUPer := n/h.wall.Seconds(), float64(h.cpu.Microseconds())/n
 		b.ReportMetric(hRate, "handoff-msgs/s")
 		b.ReportMetric(hCPUPer, "handoff-cpu-µs/msg")
 		b.ReportMetric(float64(h.allocs)/n, "handoff-allocs/msg")
+		b.ReportMetric(float64(h.bytes)/n, "handoff-B/msg")
 		b.ReportMetric(sRate/hRate, "handoff-rate-ratio")
 		b.ReportMetric(sCPUPer/hCPUPer, "handoff-cpu-ratio")
 		b.ReportMetric(hRate/fRate, "handoff-floor-ratio")
@@ -401,6 +406,7 @@ type side struct {
 	wall   time.Duration
 	cpu    time.Duration
 	allocs uint64
+	bytes  uint64
 }
 
 // measure publishes n messages through s and adds what that took. It
@@ -410,20 +416,23 @@ type side struct {
 // be cut by side (go tool pprof -tagfocus side=sinkbatch).
 func (s *side) measure(n int) {
 	runtime.GC()
-	a0 := mallocs()
+	a0, b0 := mallocs()
 	pprof.Do(context.Background(), pprof.Labels("side", s.name), func(context.Context) {
 		w, c := s.run(n)
 		s.wall += w
 		s.cpu += c
 	})
-	s.allocs += mallocs() - a0
+	a1, b1 := mallocs()
+	s.allocs += a1 - a0
+	s.bytes += b1 - b0
 }
 
-// mallocs is the number of heap objects the process has allocated so far.
-func mallocs() uint64 {
+// mallocs is the number of heap objects, and their bytes, the process has
+// allocated so far.
+func mallocs() (objects, bytes uint64) {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return m.Mallocs
+	return m.Mallocs, m.TotalAlloc
 }
 
 // newFloor returns the floor of BenchmarkPublish: a function that publishes
