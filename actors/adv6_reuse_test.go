@@ -133,6 +133,10 @@ type adv6Load struct {
 	noDeadline bool    // some calls carry no deadline (DefaultTimeout bounds them)
 	giveUp     float64 // share of the calls whose ctx ends early
 	within     time.Duration
+	// defaultTimeout is the instance's Config.DefaultTimeout, if noDeadline.
+	defaultTimeout time.Duration
+	full           bool // calls may be refused for fullness
+	restarts       bool // the batcher restarts: calls may get ErrBatcherDown
 }
 
 // adv6Tally counts outcomes.
@@ -180,9 +184,18 @@ func (l *adv6Load) call(t *testing.T, r *rand.Rand, g, i int, tally *adv6Tally) 
 	for a := range 4 {
 		body := adv6Body(tenant, group, key, a)
 		ctx, cancel := l.context(r)
+		start := time.Now()
 		id, err := l.inst.Deliver(ctx, l.dest, codec.Message{Tenant: tenant, Group: group, IdempotencyKey: key, Body: []byte(body)})
+		// The ctx as the answer found it: an answer that says the ctx
+		// ended, or the deadline passed, must be the call's own.
+		ended, deadline := ctx.Err(), time.Now()
+		if d, ok := ctx.Deadline(); ok {
+			deadline = d
+		} else if l.defaultTimeout > 0 {
+			deadline = start.Add(l.defaultTimeout)
+		}
 		cancel()
-		again, ok := l.check(t, body, group, key, id, err, tally)
+		again, ok := l.check(t, call{body: body, group: group, key: key, ended: ended, deadline: deadline}, id, err, tally)
 		if !ok {
 			return false
 		}
@@ -215,11 +228,22 @@ func (l *adv6Load) context(r *rand.Rand) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), l.within)
 }
 
+// call is one attempt as check sees it: what it sent, and its ctx once
+// answered.
+type call struct {
+	body, group, key string
+	ended            error     // ctx.Err() when Deliver returned
+	deadline         time.Time // its ctx's, or start + DefaultTimeout
+}
+
 // check checks one answer against the call that got it: an id must be the
-// call's own body, an error that names a message or a group must name the
-// call's. again: the failure is the call's own and retryable, or its group
-// paused (after a resume, if the scenario resumes).
-func (l *adv6Load) check(t *testing.T, body, group, key, id string, err error, tally *adv6Tally) (again, ok bool) {
+// call's own body; an error that names a message or a group must name the
+// call's; an error that says the call's ctx ended or its deadline passed
+// must come after that happened; an error that only some scenarios give
+// (a refusal for fullness, a restart, throttling) must be one of this
+// scenario's. again: the failure is the call's own and retryable, or its
+// group paused (after a resume, if the scenario resumes).
+func (l *adv6Load) check(t *testing.T, c call, id string, err error, tally *adv6Tally) (again, ok bool) {
 	var (
 		mine   *adv6Err
 		paused *messages.GroupPausedError
@@ -228,39 +252,42 @@ func (l *adv6Load) check(t *testing.T, body, group, key, id string, err error, t
 	switch {
 	case err == nil:
 		tally.ok.Add(1)
-		return false, assert.Equal(t, body, id, "a caller got another message's id")
+		return false, assert.Equal(t, c.body, id, "a caller got another message's id")
 	case errors.As(err, &mine):
-		return true, assert.Equal(t, body, mine.body, "a caller got another message's failure")
+		return true, assert.Equal(t, c.body, mine.body, "a caller got another message's failure")
 	case errors.Is(err, codec.ErrRefused):
 		tally.refused.Add(1)
-		ok := assert.True(t, strings.HasSuffix(err.Error(), ": "+body), "a caller got another message's refusal: %v (sent %s)", err, body)
-		return false, ok && assert.True(t, strings.HasSuffix(key, "x"), "%s refused", body)
+		ok := assert.True(t, strings.HasSuffix(err.Error(), ": "+c.body), "a caller got another message's refusal: %v (sent %s)", err, c.body)
+		return false, ok && assert.True(t, strings.HasSuffix(c.key, "x"), "%s refused", c.body)
 	case errors.As(err, &paused):
 		tally.paused.Add(1)
-		if !assert.Equal(t, group, paused.Group, "a caller got another group's pause (sent %s)", body) {
+		if !assert.Equal(t, c.group, paused.Group, "a caller got another group's pause (sent %s)", c.body) {
 			return false, false
 		}
-		if l.resume && paused.Key != key {
-			if rerr := l.inst.ResumeGroup(context.Background(), l.dest, group); !assert.NoError(t, rerr) {
+		if l.resume && paused.Key != c.key {
+			if rerr := l.inst.ResumeGroup(context.Background(), l.dest, c.group); !assert.NoError(t, rerr) {
 				return false, false
 			}
 			tally.resumed.Add(1)
 		}
 		return true, true
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.Canceled):
 		tally.gaveUp.Add(1)
-		return false, true
-	case errors.As(err, &full):
+		return false, assert.ErrorIs(t, c.ended, context.Canceled, "a caller whose ctx was not cancelled got %v (sent %s)", err, c.body)
+	case errors.Is(err, context.DeadlineExceeded):
+		tally.gaveUp.Add(1)
+		return false, assert.False(t, time.Now().Before(c.deadline), "a caller got %v %v before its deadline (sent %s)", err, time.Until(c.deadline), c.body)
+	case errors.As(err, &full) && l.full:
 		tally.full.Add(1)
 		return false, true
-	case errors.Is(err, messages.ErrBatcherDown):
+	case errors.Is(err, messages.ErrBatcherDown) && l.restarts:
 		tally.down.Add(1)
 		return false, true
-	case codec.IsThrottled(err):
+	case codec.IsThrottled(err) && l.dest.throttleEvery > 0:
 		tally.throttled.Add(1)
 		return false, true
 	}
-	return false, assert.NoError(t, err, "an answer no call of this scenario gets (sent %s)", body)
+	return false, assert.NoError(t, err, "an answer no call of this scenario gets (sent %s)", c.body)
 }
 
 // StrictGroups with retryable failures: the failed entry's request pauses
@@ -302,7 +329,7 @@ func TestAdv6BlockedDeliveries(t *testing.T) {
 	dest := newAdv6Dest("adv6block", codec.Limits{MaxEntries: 4, MaxBytes: 1 << 20},
 		codec.Tuning{Linger: 100 * time.Microsecond, MaxInflight: 2, QueueMax: 6, WhenFull: codec.Block, StrictGroups: true, GroupPauseMax: 20 * time.Millisecond})
 	dest.Latency, dest.Jitter = 300*time.Microsecond, 250*time.Microsecond
-	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 120, groups: 3, retryable: 10, resume: true, giveUp: 0.4, within: 10 * time.Second}
+	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 120, groups: 3, retryable: 10, resume: true, giveUp: 0.4, within: 10 * time.Second, full: true}
 	tally := l.run(t)
 	assert.Positive(t, tally.ok.Load())
 	assert.Positive(t, tally.gaveUp.Load())
@@ -317,7 +344,7 @@ func TestAdv6AdaptiveAndDefaultTimeout(t *testing.T) {
 		codec.Tuning{Linger: 100 * time.Microsecond, MaxInflight: 6, Adaptive: true})
 	dest.Latency, dest.Jitter = 300*time.Microsecond, 250*time.Microsecond
 	dest.throttleEvery = 7
-	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 150, noDeadline: true, giveUp: 0.2, within: 10 * time.Second}
+	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 150, noDeadline: true, defaultTimeout: 700 * time.Microsecond, giveUp: 0.2, within: 10 * time.Second}
 	tally := l.run(t)
 	assert.Positive(t, tally.ok.Load())
 	assert.Positive(t, tally.throttled.Load())
@@ -360,7 +387,7 @@ func TestAdv6Restarts(t *testing.T) {
 	dest := newAdv6Dest("adv6restart", codec.Limits{MaxEntries: 4, MaxBytes: 1 << 20},
 		codec.Tuning{Linger: 100 * time.Microsecond, MaxInflight: 2, QueueMax: 12, RetryAfterMax: time.Millisecond, StrictGroups: true, GroupPauseMax: 10 * time.Millisecond})
 	dest.Latency, dest.Jitter = 300*time.Microsecond, 250*time.Microsecond
-	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 100, groups: 3, retryable: 10, resume: true, giveUp: 0.2, within: 10 * time.Second}
+	l := &adv6Load{inst: inst, dest: dest, goroutines: 24, calls: 100, groups: 3, retryable: 10, resume: true, giveUp: 0.2, within: 10 * time.Second, full: true, restarts: true}
 	tally := l.run(t)
 	assert.Positive(t, tally.down.Load(), "restarts")
 	assert.Positive(t, tally.ok.Load())
