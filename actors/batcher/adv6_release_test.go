@@ -46,8 +46,10 @@ func adv6Answer(b *Batcher, f *inflight) {
 // A Deliver admitted twice (an actor's Deliver sent again, or a copy
 // naming the same Direct) has one entry in its Room and one of its own:
 // only the Room's entry lets go of the Room, once, after its answer; the
-// other's answer, later, must not let go of it again (the record would be
-// reset while another call holds it).
+// other's answer must not let go of it again, which would reset the record
+// while its caller still holds it. (That other answer still goes through
+// the Deliver's Direct, which is why an owned Room's Deliver must be sent
+// once, as the front door sends it: see Owner.)
 func TestAdv6ASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 	s := testSettings()
 	s.linger = 0
