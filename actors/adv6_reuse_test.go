@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -122,6 +123,7 @@ func (d *adv6Dest) Broken() []string {
 // adv6Load is a scenario: goroutines each make calls, one after another,
 // through inst to dest.
 type adv6Load struct {
+	system     *actor.ActorSystem // if set, odd goroutines call in the actor form
 	inst       *actors.Instance
 	dest       *adv6Dest
 	goroutines int
@@ -183,6 +185,17 @@ func (l *adv6Load) call(t *testing.T, r *rand.Rand, g, i int, tally *adv6Tally) 
 	}
 	for a := range 4 {
 		body := adv6Body(tenant, group, key, a)
+		if l.system != nil && g%2 == 1 {
+			again, ok := l.future(t, r, call{body: body, group: group, key: key}, tenant, tally)
+			if !ok {
+				return false
+			}
+			if !again {
+				return true
+			}
+			tally.retried.Add(1)
+			continue
+		}
 		ctx, cancel := l.context(r)
 		start := time.Now()
 		id, err := l.inst.Deliver(ctx, l.dest, codec.Message{Tenant: tenant, Group: group, IdempotencyKey: key, Body: []byte(body)})
@@ -205,6 +218,32 @@ func (l *adv6Load) call(t *testing.T, r *rand.Rand, g, i int, tally *adv6Tally) 
 		tally.retried.Add(1)
 	}
 	return true
+}
+
+// future is one attempt in the actor form, a RequestFuture whose
+// Deliver names no Room: its entry is the batcher's own, sent in the same
+// requests as the front door's. A share of the futures time out early:
+// their callers are gone (the process registry says so).
+func (l *adv6Load) future(t *testing.T, r *rand.Rand, c call, tenant string, tally *adv6Tally) (again, ok bool) {
+	c.deadline = time.Now().Add(l.within)
+	timeout := l.within + time.Second
+	if r.Float64() < l.giveUp {
+		timeout = time.Duration(50+r.IntN(1500)) * time.Microsecond
+	}
+	d := &messages.Deliver{Codec: l.dest, Message: codec.Message{Tenant: tenant, Group: c.group, IdempotencyKey: c.key, Body: []byte(c.body)}, Deadline: c.deadline}
+	res, err := l.system.Root.RequestFuture(l.inst.PID(), d, timeout).Result()
+	if errors.Is(err, actor.ErrTimeout) {
+		tally.gaveUp.Add(1)
+		return false, true
+	}
+	if !assert.NoError(t, err) {
+		return false, false
+	}
+	dl, isDelivered := res.(*messages.Delivered)
+	if !assert.True(t, isDelivered, "%T", res) {
+		return false, false
+	}
+	return l.check(t, c, dl.ID, dl.Err, tally)
 }
 
 // context is a call's: most have time to spare; a share end early, at once
@@ -362,6 +401,21 @@ func TestAdv6Traced(t *testing.T) {
 	l := &adv6Load{inst: inst, dest: dest, goroutines: 16, calls: 120, groups: 4, retryable: 8, refused: 12, resume: true, giveUp: 0.3, within: 10 * time.Second}
 	tally := l.run(t)
 	assert.Positive(t, tally.ok.Load())
+}
+
+// Actor-form deliveries (futures, some of which time out while their
+// entries are queued or in flight) share the batcher and its requests
+// with the front door's: only the front door's entries have a Room to let
+// go of.
+func TestAdv6MixedWithTheActorForm(t *testing.T) {
+	system, inst := start(t, actors.Config{Name: "adv6mixed"})
+	dest := newAdv6Dest("adv6mixed", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20},
+		codec.Tuning{Linger: 100 * time.Microsecond, MaxInflight: 4, StrictGroups: true, GroupPauseMax: 20 * time.Millisecond})
+	dest.Latency, dest.Jitter = 300*time.Microsecond, 250*time.Microsecond
+	l := &adv6Load{system: system, inst: inst, dest: dest, goroutines: 24, calls: 120, groups: 4, retryable: 8, refused: 12, resume: true, giveUp: 0.3, within: 10 * time.Second}
+	tally := l.run(t)
+	assert.Positive(t, tally.ok.Load())
+	assert.Positive(t, tally.gaveUp.Load())
 }
 
 // adv6Crashing is a Recorder whose Refused panics every few calls, which
