@@ -339,11 +339,13 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		var cancel context.CancelFunc
 		deadline = time.Now().Add(actors.DefaultTimeout)
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
 	}
+	// A ctx of the caller's making can report a deadline its Done never
+	// keeps: the deadline is kept here, by a timer of this call's own.
+	// (WithDeadline makes one when the parent's deadline is not earlier.)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	q := queuedDelivery{deadline: deadline, message: m, parent: spanToWire(trace.SpanContextFromContext(ctx))}
 	backoff := minBackoff
 	for {

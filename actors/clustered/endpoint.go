@@ -30,32 +30,56 @@ type endpoint struct{ n *Node }
 func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	_, msg, sender := actor.UnwrapEnvelope(message)
 	n := e.n
+	// A nil pointer of a type taken here can only come from a sender in
+	// this process (the wire never decodes one): it is answered as any
+	// other message the node does not take.
 	switch m := msg.(type) {
 	case *clusterpb.DeliverReplies:
-		for _, r := range m.Replies {
-			n.onAnswer(r.Call, r)
+		if m == nil {
+			break
 		}
-	case *cluster.ActivationResponse, *actor.DeadLetterResponse:
+		for _, r := range m.Replies {
+			if r != nil {
+				n.onAnswer(r.Call, r)
+			}
+		}
+		return
+	case *cluster.ActivationResponse:
+		if m == nil {
+			break
+		}
 		n.onAnswer(pid.RequestId, m)
+		return
+	case *actor.DeadLetterResponse:
+		if m == nil {
+			break
+		}
+		n.onAnswer(pid.RequestId, m)
+		return
 	case *messages.Delivered:
+		if m == nil {
+			break
+		}
 		if d, ok := m.Ref.(*batcher.Direct); ok {
 			if a, ok := d.Listener.(*admitted); ok {
 				a.Answer(pid, codec.Result{ID: m.ID, Sequence: m.Sequence, Err: m.Err})
 			}
 		}
+		return
 	case *clusterpb.HandoffRequest:
-		if sender != nil {
-			n.apply(n.ledger.request(m.Destination, sender))
+		if m == nil || sender == nil {
+			break
 		}
+		n.apply(n.ledger.request(m.Destination, sender))
+		return
 	case *Deliver:
-		if m != nil {
-			n.deliverFor(sender, m)
-			return
+		if m == nil {
+			break
 		}
-		n.notDeliver(sender, msg)
-	default:
-		n.notDeliver(sender, msg)
+		n.deliverFor(sender, m)
+		return
 	}
+	n.notDeliver(sender, msg)
 }
 
 // notDeliver answers msg, sent to the node's PID but not a non-nil

@@ -88,17 +88,20 @@ func (g *grain) Receive(ctx actor.Context) {
 	case *cluster.ClusterInit:
 		g.start(ctx, m.Identity.Identity)
 	case *clusterpb.DeliverBatch:
-		g.deliverBatch(ctx, m, ctx.Sender())
+		// nil only from a sender in this process: nothing to deliver.
+		if m != nil {
+			g.deliverBatch(ctx, m, ctx.Sender())
+		}
 	case *outgoing:
 		// A batch from this member: taken as it is received.
 		g.deliverBatch(ctx, m.take(), ctx.Sender())
 	case *clusterpb.HandoffDone:
-		if g.state == waiting {
+		if m != nil && g.state == waiting {
 			delete(g.awaiting, m.Member)
 			g.ask(ctx, false)
 		}
 	case *actor.DeadLetterResponse:
-		if g.state == waiting && m.Target != nil {
+		if m != nil && g.state == waiting && m.Target != nil {
 			g.unreachable(ctx, m.Target.Address)
 		}
 	case retryTick:
