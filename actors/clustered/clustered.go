@@ -230,8 +230,10 @@ func (n *Node) cutSince(address string, t time.Time) bool {
 // Deliver sends m to destination's batcher, on whichever member owns it,
 // and returns the destination's message id when m's own result is known.
 // The errors mean what they mean for actors.Instance.Deliver, across the
-// wire, plus ErrUnreachable and ErrUnknownDestination. It waits until
-// ctx's deadline, or actors.DefaultTimeout when ctx has none.
+// wire, plus ErrUnreachable and ErrUnknownDestination. It waits at most
+// until the deadline ctx reports (kept by a timer of its own, whether or not
+// ctx's Done keeps it), or actors.DefaultTimeout when ctx has none; ctx's
+// cancellation ends it sooner.
 func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message) (string, error) {
 	r, err := n.DeliverResult(ctx, destination, m)
 	return r.ID, err
