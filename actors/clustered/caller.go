@@ -70,6 +70,9 @@ type call struct {
 	taken   bool
 	carried []uint32
 	left    int
+
+	// timer keeps the deadline of the caller waiting on answer.
+	timer *time.Timer
 }
 
 // callPool recycles the calls of requests and deliveries, answer channel
@@ -337,19 +340,17 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	if err := ctx.Err(); err != nil {
 		return codec.Result{}, err
 	}
+	// The deadline is kept by the waits' own timers, not by ctx's Done
+	// alone: a ctx of the caller's making can report a deadline its Done
+	// never keeps.
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(actors.DefaultTimeout)
 	}
-	// A ctx of the caller's making can report a deadline its Done never
-	// keeps: the deadline is kept here, by a timer of this call's own.
-	// (WithDeadline makes one when the parent's deadline is not earlier.)
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
 	q := queuedDelivery{deadline: deadline, message: m, parent: spanToWire(trace.SpanContextFromContext(ctx))}
 	backoff := minBackoff
 	for {
-		pid, err := n.resolve(ctx, destination)
+		pid, err := n.resolve(ctx, deadline, destination)
 		if err != nil {
 			return codec.Result{}, err
 		}
@@ -357,7 +358,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 			if time.Until(deadline) <= 0 {
 				return codec.Result{}, n.unreachable(ctx)
 			}
-			answer, err := n.send(ctx, pid, destination, q)
+			answer, err := n.send(ctx, deadline, pid, destination, q)
 			if err != nil {
 				return codec.Result{}, err
 			}
@@ -382,7 +383,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 			// no attempt can be admitted before then.
 			return codec.Result{}, errLeavingOwner
 		}
-		if err := n.pause(ctx, backoff); err != nil {
+		if err := n.pause(ctx, deadline, backoff); err != nil {
 			return codec.Result{}, err
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -393,15 +394,15 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 // next, and waits for its answer: a reply, a dead letter, memberLeft,
 // notSent. A nil answer with an error means the ctx ended or the node gave
 // up first.
-func (n *Node) send(ctx context.Context, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
+func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
 	id, c := n.calls.beginDelivery(grain.Address)
 	q.call = id
 	n.queueDelivery(grain, destination, q)
-	return n.wait(ctx, id, c)
+	return n.wait(ctx, deadline, id, c)
 }
 
-// unreachable is the answer to a caller whose ctx ended before its owner
-// answered.
+// unreachable is the answer to a caller whose ctx ended, or whose deadline
+// passed, before its owner answered.
 func (n *Node) unreachable(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
@@ -409,12 +410,21 @@ func (n *Node) unreachable(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", ErrUnreachable, context.DeadlineExceeded)
 }
 
-// pause waits a jittered d, or until ctx ends or Leave gives up.
-func (n *Node) pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(rand.N(d) + 1)
+// pause waits a jittered d, or until ctx ends, the deadline passes or
+// Leave gives up.
+func (n *Node) pause(ctx context.Context, deadline time.Time, d time.Duration) error {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return n.unreachable(ctx)
+	}
+	d = rand.N(d) + 1
+	t := time.NewTimer(min(d, left))
 	defer t.Stop()
 	select {
 	case <-t.C:
+		if d >= left {
+			return n.unreachable(ctx)
+		}
 		return nil
 	case <-ctx.Done():
 		return n.unreachable(ctx)
@@ -426,26 +436,38 @@ func (n *Node) pause(ctx context.Context, d time.Duration) error {
 // request sends msg to pid with the endpoint as its sender and waits for
 // the answer: a reply, a dead letter, memberLeft. A nil answer with an error
 // means the ctx ended or the node gave up first.
-func (n *Node) request(ctx context.Context, pid *actor.PID, msg any) (any, error) {
+func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, msg any) (any, error) {
 	self := n.PID()
 	id, c := n.calls.begin(pid.Address)
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)
-	return n.wait(ctx, id, c)
+	return n.wait(ctx, deadline, id, c)
 }
 
-// wait waits for call id's answer, and recycles c.
-func (n *Node) wait(ctx context.Context, id uint32, c *call) (any, error) {
+// wait waits for call id's answer until ctx ends or the deadline passes,
+// and recycles c.
+func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call) (any, error) {
+	// c's timer is c's own: stopped before c is recycled, and (since Go
+	// 1.23) a stopped timer's channel holds nothing stale.
+	if c.timer == nil {
+		c.timer = time.NewTimer(time.Until(deadline))
+	} else {
+		c.timer.Reset(time.Until(deadline))
+	}
 	var err error
 	select {
 	case a := <-c.answer:
+		c.timer.Stop()
 		recycle(c)
 		return a, nil
+	case <-c.timer.C:
+		err = n.unreachable(ctx)
 	case <-ctx.Done():
 		err = n.unreachable(ctx)
 	case <-n.quit:
 		err = fmt.Errorf("%w: the node left before its owner answered", ErrUnreachable)
 	}
+	c.timer.Stop()
 	if !n.calls.end(id) {
 		<-c.answer
 	}
@@ -456,7 +478,7 @@ func (n *Node) wait(ctx context.Context, id uint32, c *call) (any, error) {
 // resolve is the PID of destination's grain: cached, or activated on the
 // owner the latest topology names. nil with a nil error: no owner could
 // be reached this time.
-func (n *Node) resolve(ctx context.Context, destination string) (*actor.PID, error) {
+func (n *Node) resolve(ctx context.Context, deadline time.Time, destination string) (*actor.PID, error) {
 	if pid := n.cache.get(destination); pid != nil {
 		return pid, nil
 	}
@@ -464,7 +486,7 @@ func (n *Node) resolve(ctx context.Context, destination string) (*actor.PID, err
 	if owner == "" {
 		return nil, nil
 	}
-	answer, err := n.request(ctx, actor.NewPID(owner, disthash.PartitionActivatorActorName),
+	answer, err := n.request(ctx, deadline, actor.NewPID(owner, disthash.PartitionActivatorActorName),
 		&cluster.ActivationRequest{ClusterIdentity: &cluster.ClusterIdentity{Identity: destination, Kind: Kind}})
 	if err != nil {
 		return nil, err

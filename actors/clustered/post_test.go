@@ -123,7 +123,7 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 		if i%5 == 0 {
 			body = "not-owner"
 		}
-		a, err := n.send(ctx, grain, "d", delivery(body))
+		a, err := n.send(ctx, time.Now().Add(time.Minute), grain, "d", delivery(body))
 		assert.NoError(t, err)
 		answers[i] = a
 	}
@@ -160,7 +160,7 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 	}
 
 	// Light load: one delivery, nothing on its way, is sent at once.
-	a, err := n.send(ctx, grain, "d", delivery("alone"))
+	a, err := n.send(ctx, time.Now().Add(time.Minute), grain, "d", delivery("alone"))
 	require.NoError(t, err)
 	assert.Equal(t, "alone", a.(*clusterpb.DeliverReply).Id)
 	assert.Len(t, g.taken(), 2)
@@ -174,14 +174,14 @@ func TestAbandonedDeliveryIsNotSent(t *testing.T) {
 	n, grain, g := localNode(t)
 	first := make(chan any)
 	go func() {
-		a, _ := n.send(context.Background(), grain, "d", delivery("first"))
+		a, _ := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery("first"))
 		first <- a
 	}()
 	require.Eventually(t, func() bool { return queued(&n.outboxes) == 1 }, 10*time.Second, time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan error)
 	go func() {
-		_, err := n.send(ctx, grain, "d", delivery("abandoned"))
+		_, err := n.send(ctx, time.Now().Add(time.Minute), grain, "d", delivery("abandoned"))
 		gaveUp <- err
 	}()
 	require.Eventually(t, func() bool { return queued(&n.outboxes) == 2 }, 10*time.Second, time.Millisecond)
@@ -209,7 +209,7 @@ func TestBatchThatDeadLettersIsRetried(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a, err := n.send(context.Background(), gone, "d", delivery(fmt.Sprint(i)))
+			a, err := n.send(context.Background(), time.Now().Add(time.Minute), gone, "d", delivery(fmt.Sprint(i)))
 			assert.NoError(t, err)
 			switch a.(type) {
 			case *actor.DeadLetterResponse, notSent:
@@ -231,7 +231,7 @@ func TestCutOffAnswersQueuedAsNotSent(t *testing.T) {
 	answers := make(chan any, 3)
 	for _, body := range []string{"a", "b", "c"} {
 		go func() {
-			a, _ := n.send(context.Background(), grain, "d", delivery(body))
+			a, _ := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery(body))
 			answers <- a
 		}()
 	}
