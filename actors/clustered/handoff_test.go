@@ -75,7 +75,8 @@ func TestLeaveHandsOff(t *testing.T) {
 	assert.Zero(t, w.overlaps.Load(), "requests of one group in flight at once")
 	assert.Zero(t, violations, "order violations")
 	assert.Zero(t, missing, "acknowledged but missing")
-	assert.Empty(t, l.errs)
+	assert.Empty(t, l.errs, "first of each: %v", l.first)
+	t.Logf("the leaver was %s", ms[2].system.Address())
 }
 
 var _ = context.Background

@@ -103,6 +103,7 @@ type load struct {
 	mu     sync.Mutex
 	acked  map[string]string // body → message id
 	errs   map[string]int    // error text class → count
+	first  map[string]string // error text class → its first error, whole, and when
 	done   []time.Time       // when each success was answered
 	lats   []time.Duration   // and how long it took, from its first attempt
 	maxLat time.Duration
@@ -114,7 +115,7 @@ type load struct {
 // per callers: each sends its group's messages one after another, with a
 // 5 s deadline, a body "caller/seq" and that body as its idempotency key.
 func startLoad(from []*member, dests []string, groups, per int) *load {
-	l := &load{acked: map[string]string{}, errs: map[string]int{}, stop: make(chan struct{})}
+	l := &load{acked: map[string]string{}, errs: map[string]int{}, first: map[string]string{}, stop: make(chan struct{})}
 	for mi, m := range from {
 		for _, d := range dests {
 			for g := range groups {
@@ -150,7 +151,11 @@ func (l *load) caller(m *member, dest, group, caller string) {
 			l.lats = append(l.lats, lat)
 			l.maxLat = max(l.maxLat, lat)
 		} else {
-			l.errs[classify(err)]++
+			class := classify(err)
+			l.errs[class]++
+			if _, ok := l.first[class]; !ok {
+				l.first[class] = fmt.Sprintf("%s, after %v, from %s", err, lat, m.system.Address())
+			}
 		}
 		l.mu.Unlock()
 		if errors.Is(err, messages.ErrStopped) {
