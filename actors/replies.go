@@ -16,6 +16,10 @@ import (
 // between calls: the peak of concurrent Deliver calls, up to this many.
 const maxPooledWaiters = 1 << 14
 
+// maxSearch bounds the waiters get looks at in waiters.all when the
+// sync.Pool is empty.
+const maxSearch = 64
+
 // waiter is a reply process for Deliver calls, one call at a time. It stays
 // registered between calls, so a call costs no registration; each call is
 // told apart by the RequestId of the sender PID it hands out, so an answer
@@ -37,6 +41,12 @@ type waiter struct {
 	// next; 0: not armed.
 	timer *time.Timer
 	armed atomic.Int64
+	// free: no call holds the waiter (it is in the pool, or the pool has
+	// dropped it). Whoever turns it from true to false holds it.
+	free atomic.Bool
+	// pooled: the waiter is in waiters.all; any other is unregistered when
+	// its call returns. Set when it is made.
+	pooled bool
 }
 
 // epoch is where monoNow counts from.
@@ -141,52 +151,103 @@ func (w *waiter) abandon(pid *actor.PID) {
 }
 
 // waiters is an instance's pool of registered waiters.
+//
+// Every call takes a waiter and puts it back, so the pool is a sync.Pool,
+// whose per-P caches take no lock: a free list under one mutex, taken twice
+// a call by thousands of callers, made them queue and park on it. A
+// sync.Pool drops what it holds at collections, and a dropped waiter would
+// stay registered for good, so the pool also keeps every waiter it made in
+// all (up to maxPooledWaiters) and finds the dropped ones there when the
+// sync.Pool runs dry. A waiter's free flag says who holds it: the sync.Pool
+// and all can both reach a free waiter, and only the one that clears the
+// flag takes it.
 type waiters struct {
 	system *actor.ActorSystem
 	prefix string
+	pool   sync.Pool // *waiter, free
+	closed atomic.Bool
+
 	mu     sync.Mutex
-	free   []*waiter
-	closed bool
+	all    []*waiter // every pooled waiter, free or held
+	cursor int       // where the next search of all starts
 }
 
+// get returns a waiter for one call. After close the waiter is a new one,
+// not pooled: put unregisters it.
 func (p *waiters) get() *waiter {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		w := p.free[n-1]
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
-		return w
+	if !p.closed.Load() {
+		for {
+			w, _ := p.pool.Get().(*waiter)
+			if w == nil {
+				break
+			}
+			if w.free.CompareAndSwap(true, false) {
+				return w
+			}
+			// Taken from all since it was put: someone else holds it.
+		}
 	}
-	p.mu.Unlock()
+	p.mu.Lock()
+	if !p.closed.Load() {
+		// Waiters the sync.Pool dropped are free in all. The search is
+		// bounded, so that a burst of new callers, who find every waiter
+		// held, does not cost each a pass over all; the cursor moves on,
+		// and the next search goes on from there.
+		for range min(len(p.all), maxSearch) {
+			w := p.all[p.cursor]
+			p.cursor = (p.cursor + 1) % len(p.all)
+			if w.free.CompareAndSwap(true, false) {
+				p.mu.Unlock()
+				return w
+			}
+		}
+	}
 	reg := p.system.ProcessRegistry
 	w := &waiter{id: p.prefix + reg.NextId(), answer: make(chan codec.Result, 1)}
 	w.timer = time.AfterFunc(time.Hour, w.expire)
 	w.timer.Stop()
+	if !p.closed.Load() && len(p.all) < maxPooledWaiters {
+		w.pooled = true
+		p.all = append(p.all, w)
+	}
+	p.mu.Unlock()
 	reg.Add(w, w.id)
 	return w
 }
 
+// put takes back a waiter whose call has returned, or unregisters it if it
+// is not pooled or the pool has closed.
 func (p *waiters) put(w *waiter) {
-	p.mu.Lock()
-	if !p.closed && len(p.free) < maxPooledWaiters {
-		p.free = append(p.free, w)
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
-	w.timer.Stop()
-	p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
-}
-
-// close unregisters the pooled waiters; waiters in use unregister when
-// their call returns.
-func (p *waiters) close() {
-	p.mu.Lock()
-	free := p.free
-	p.free, p.closed = nil, true
-	p.mu.Unlock()
-	for _, w := range free {
+	if !w.pooled {
 		w.timer.Stop()
 		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+		return
+	}
+	w.free.Store(true)
+	if !p.closed.Load() {
+		p.pool.Put(w)
+		return
+	}
+	// Free before closed is read: a close that this put does not see
+	// finds the waiter free and unregisters it; one it sees may have.
+	if w.free.CompareAndSwap(true, false) {
+		w.timer.Stop()
+		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+	}
+}
+
+// close unregisters the free waiters; a waiter a call holds is unregistered
+// when its call returns (put).
+func (p *waiters) close() {
+	p.closed.Store(true)
+	p.mu.Lock()
+	all := p.all
+	p.all = nil
+	p.mu.Unlock()
+	for _, w := range all {
+		if w.free.CompareAndSwap(true, false) {
+			w.timer.Stop()
+			p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+		}
 	}
 }

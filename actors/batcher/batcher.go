@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -130,6 +131,9 @@ type mailboxRef struct {
 	// held is what the actor's last advance saw: it holds something. Only
 	// the mailbox's goroutine changes it, in a run.
 	held atomic.Bool
+	// prompt: a done or a tick was posted since the last run started, so
+	// the next run starts without yielding (see loop).
+	prompt atomic.Bool
 
 	mu      sync.Mutex
 	wake    sync.Cond // signalled when next is set or closed
@@ -169,7 +173,23 @@ func (*mailboxRef) Throughput() int { return 300 }
 // loop runs fn and every run handed to it after, while the batcher holds
 // something and until it has stopped. held cannot change while it waits:
 // only a run changes it.
+//
+// A run handed to the waiting goroutine (a busy destination) starts with a
+// yield. The sender whose message found the mailbox idle wakes the
+// goroutine, and the scheduler runs it next on that sender's P, as soon as
+// the sender blocks for its answer; the other senders that are runnable by
+// then (a request's answers wake its callers in a burst) would post their
+// deliveries after the run has emptied the mailbox, each waking it again.
+// Yielding lets them post first, so that one run, and one advance, takes
+// the lot: the mailbox stays running (and its senders wake nobody)
+// meanwhile. With nothing else runnable the yield returns at once. The
+// first run of a new goroutine (a destination that held nothing) and a run
+// that a done or a tick may have woken (prompt) start at once: a slot is
+// free or a deadline is due, and what the batcher decides then (the next
+// batch, an idle report) must not wait for the callers that request has
+// just answered.
 func (r *mailboxRef) loop(fn func()) {
+	r.prompt.Store(false)
 	for {
 		fn()
 		r.mu.Lock()
@@ -183,6 +203,9 @@ func (r *mailboxRef) loop(fn func()) {
 			return
 		}
 		r.mu.Unlock()
+		if !r.prompt.Swap(false) {
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -197,6 +220,16 @@ func (r *mailboxRef) close() {
 	r.stopped = true
 	r.mu.Unlock()
 	r.wake.Broadcast()
+}
+
+// tellPrompt posts msg, a done or a tick, to the batcher self and makes the
+// run it wakes start at once (see loop). r is nil in tests that drive a
+// Batcher without an actor.
+func (r *mailboxRef) tellPrompt(system *actor.ActorSystem, self *actor.PID, msg any) {
+	if r != nil {
+		r.prompt.Store(true)
+	}
+	tell(system, self, msg)
 }
 
 // pending reports whether user messages wait in the mailbox: each will run
@@ -658,7 +691,7 @@ func (b *Batcher) arm(wake int64) {
 	b.armed = wake
 }
 
-func (b *Batcher) fire() { tell(b.system, b.self, b.tickMsg) }
+func (b *Batcher) fire() { b.box.tellPrompt(b.system, b.self, b.tickMsg) }
 
 // publish adds the changes since the last message to the instance's counters.
 func (b *Batcher) publish(st status) {

@@ -132,7 +132,7 @@ func (b *Batcher) startFlow() {
 		b.d.q.s.maxInflight = b.d.lim.limit
 		b.recordLimit(b.d.lim.limit)
 	}
-	in := &incarnation{d: b.d, wake: func() { tell(b.system, b.self, theDone) }}
+	in := &incarnation{d: b.d, wake: func() { b.box.tellPrompt(b.system, b.self, theDone) }}
 	if prev := b.p.current.Load(); prev != nil {
 		// A restart: the groups the crashed incarnation paused stay
 		// paused, as they are when this one takes over (a ResumeGroup

@@ -42,7 +42,7 @@ func (b *Batcher) run(f *inflight) {
 		if panicked != nil {
 			tell(b.system, b.self, &goroutinePanic{from: b.d, reason: panicked, stack: debug.Stack()})
 		}
-		tell(b.system, b.self, theDone)
+		b.box.tellPrompt(b.system, b.self, theDone)
 		b.flushed(report)
 		f = next
 	}
