@@ -45,7 +45,8 @@ func replyProcesses(system *actor.ActorSystem, name string) int {
 // dropped by the pool while calls hold them, taken back from the list,
 // and put back twice into the pool; then Stop in the middle of a wave.
 // Every caller gets its own message's answer or its ctx's error (ErrStopped
-// once Stop began), never another's; while the instance runs, the reply
+// once Stop is called; nothing is sent of a call made after it returned),
+// never another's; while the instance runs, the reply
 // processes never outnumber the most callers at once; after Stop, none is
 // left registered, and none is made for a call after it.
 func TestAdv8PooledWaitersUnderCollectionsAndStop(t *testing.T) {
@@ -82,7 +83,8 @@ func TestAdv8PooledWaitersUnderCollectionsAndStop(t *testing.T) {
 		collector.Wait()
 	}()
 
-	var stopping atomic.Bool
+	// stopping: Stop is about to be called or runs; stopped: it returned.
+	var stopping, stopped atomic.Bool
 	wave := func(w int) {
 		var wg sync.WaitGroup
 		for c := range callers {
@@ -102,12 +104,12 @@ func TestAdv8PooledWaitersUnderCollectionsAndStop(t *testing.T) {
 					ctx, cancel = context.WithTimeout(ctx, time.Duration(1+rand.IntN(3000))*time.Microsecond)
 				}
 				defer cancel()
-				stoppedBefore := stopping.Load()
+				stoppedBefore := stopped.Load()
 				id, err := inst.Deliver(ctx, echo, codec.Message{Tenant: fmt.Sprint("t", c%5), Body: []byte(body)})
 				switch {
 				case err == nil:
 					assert.Equal(t, "id-"+body, id, "a caller got another's answer")
-					assert.False(t, stoppedBefore, "a call made after Stop began was sent")
+					assert.False(t, stoppedBefore, "a call made after Stop returned was sent")
 				case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 				case errors.Is(err, messages.ErrStopped):
 					assert.True(t, stopping.Load(), "ErrStopped before Stop")
@@ -147,6 +149,7 @@ func TestAdv8PooledWaitersUnderCollectionsAndStop(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, inst.Stop(ctx))
+	stopped.Store(true)
 	last.Wait()
 	wave(waves + 1) // after Stop: all ErrStopped, no waiter kept
 	assert.Zero(t, replyProcesses(system, name), "reply processes left registered after Stop")
