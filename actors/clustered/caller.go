@@ -249,17 +249,18 @@ func (cs *calls) failQueued(queued []queuedDelivery, msg any) {
 }
 
 // failMember answers every call to address: notSent for a delivery still
-// queued, memberLeft for the rest; posts to it are forgotten.
-func (cs *calls) failMember(address string) {
-	cs.fail(func(c *call) bool { return c.target == address })
+// queued, memberLeft for the rest (notSent too if graceful: the member
+// said it admits nothing more); posts to it are forgotten.
+func (cs *calls) failMember(address string, graceful bool) {
+	cs.fail(func(c *call) bool { return c.target == address }, graceful)
 }
 
 // failAll answers every call as failMember does.
 func (cs *calls) failAll() {
-	cs.fail(func(*call) bool { return true })
+	cs.fail(func(*call) bool { return true }, false)
 }
 
-func (cs *calls) fail(match func(*call) bool) {
+func (cs *calls) fail(match func(*call) bool, graceful bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for id, c := range cs.m {
@@ -269,7 +270,7 @@ func (cs *calls) fail(match func(*call) bool) {
 		delete(cs.m, id)
 		switch {
 		case c.answer == nil:
-		case c.queued:
+		case c.queued, graceful:
 			c.answer <- notSent{}
 		default:
 			c.answer <- memberLeft{}

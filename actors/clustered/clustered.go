@@ -17,6 +17,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -89,9 +90,12 @@ type Node struct {
 	log    *slog.Logger
 	kind   *cluster.Kind
 
-	topo     topology
-	cutMu    sync.Mutex
-	cut      map[string]time.Time // members whose connection was lost, and when (last time)
+	topo  topology
+	cutMu sync.Mutex
+	cut   map[string]time.Time // members whose connection was lost, and when (last time)
+	// leftOK: members that said they left gracefully (see Leave), until
+	// they join again.
+	leftOK   map[string]bool
 	ledger   *ledger
 	calls    calls
 	outboxes outboxes   // deliveries waiting to be written to their grains
@@ -137,6 +141,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	n.outboxes.pool = &pendingPool
 	n.replies.m = map[pidKey]*replyBox{}
 	n.cut = map[string]time.Time{}
+	n.leftOK = map[string]bool{}
 	n.cache.m = map[string]*actor.PID{}
 	n.kind = cluster.NewKind(Kind, actor.PropsFromProducer(func() actor.Actor { return &grain{n: n} }))
 	// The endpoint and the topology are in place before StartMember, which
@@ -194,6 +199,13 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 func (n *Node) onTopology(t *cluster.ClusterTopology) {
 	n.topo.update(t.TopologyHash, t.Members)
 	n.cache.clear()
+	if len(t.Joined) > 0 {
+		n.cutMu.Lock()
+		for _, m := range t.Joined {
+			delete(n.leftOK, m.Address())
+		}
+		n.cutMu.Unlock()
+	}
 	for _, m := range t.Left {
 		n.cutOff(m.Address())
 	}
@@ -201,11 +213,28 @@ func (n *Node) onTopology(t *cluster.ClusterTopology) {
 
 // cutOff gives up on address: what is queued for it is dropped (answers)
 // or answered as never sent (deliveries, which try again), and what was
-// sent to it is answered ErrUnreachable.
+// sent to it is answered ErrUnreachable, or as never admitted (tried
+// again) if its member said it left gracefully.
 func (n *Node) cutOff(address string) {
 	n.outboxes.cut(address)
 	n.replies.cut(address)
-	n.calls.failMember(address)
+	n.cutMu.Lock()
+	graceful := n.leftOK[address]
+	n.cutMu.Unlock()
+	n.calls.failMember(address, graceful)
+}
+
+// onLeft takes a member's word that it left gracefully (see Leave): it
+// has answered everything it admitted, and those answers reached this
+// member before the word did. A call to it that still waits, or is made
+// before the member lists drop it, was not admitted.
+func (n *Node) onLeft(address string) {
+	if address == "" || address == n.system.Address() {
+		return
+	}
+	n.cutMu.Lock()
+	n.leftOK[address] = true
+	n.cutMu.Unlock()
 }
 
 // onCut takes protoactor's word that the connection to address is lost or
@@ -295,6 +324,40 @@ func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 	}()
 }
 
+// shutdown leaves the cluster gracefully. protoactor's remote can panic
+// as it stops (a send on a closed channel, when a peer's stream to this
+// member fails at that moment: its endpoint reader closes the channel
+// before it forgets it); the panic is logged instead of taking the
+// process down, and the remote's server is stopped at once, as the
+// panic kept the graceful stop from doing.
+func (n *Node) shutdown(c *cluster.Cluster) {
+	defer func() {
+		if r := recover(); r != nil {
+			n.log.Error("sinkbatch: protoactor panicked leaving the cluster; its remote is stopped at once", slog.Any("panic", r))
+			func() {
+				defer func() { _ = recover() }()
+				c.Remote.Shutdown(false)
+			}()
+		}
+	}()
+	c.Shutdown(true)
+}
+
+// sayLeft tells every other member that this one admits nothing more and
+// has answered everything it admitted: a HandoffDone naming no destination,
+// sent to their nodes after every answer, on the same connections, so it
+// arrives after them. protoactor's cluster.Shutdown then keeps this
+// member's remote up for 2 s after the member lists drop it, but what is
+// sent to it then is never answered: a caller that took those attempts for
+// admitted would answer ErrUnreachable for a delivery that was never made.
+func (n *Node) sayLeft() {
+	self := n.system.Address()
+	left := &clusterpb.HandoffDone{Member: self}
+	for _, a := range n.topo.others(self) {
+		n.system.Root.Send(actor.NewPID(a, endpointID), left)
+	}
+}
+
 // Leave hands off every destination this member owns and leaves the
 // cluster, in this order: the member stops admitting deliveries (callers
 // are turned to the other members, which wait for the hand-off before they
@@ -325,6 +388,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		}()
 		select {
 		case <-drained:
+			n.sayLeft()
 		case <-ctx.Done():
 			n.leaveErr = fmt.Errorf("sinkbatch: clustered.Leave: %w", ctx.Err())
 			// Nothing will answer what is left: release its waiters.
@@ -335,7 +399,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			n.calls.failAll()
 		}
 		if c := n.cluster.Load(); c != nil {
-			c.Shutdown(true)
+			n.shutdown(c)
 		}
 		n.system.EventStream.Unsubscribe(n.sub)
 		n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))

@@ -23,6 +23,7 @@ import (
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
 //     batcher.Direct), and HandoffRequests from other members;
+//   - a HandoffDone naming no destination: its member left gracefully;
 //   - *Deliver, the actor form of Node.Deliver; anything else with a sender
 //     is answered errNotDeliver.
 type endpoint struct{ n *Node }
@@ -65,6 +66,14 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 				a.Answer(pid, codec.Result{ID: m.ID, Sequence: m.Sequence, Err: m.Err})
 			}
 		}
+		return
+	case *clusterpb.HandoffDone:
+		// Naming no destination, from another member: it left gracefully
+		// (Node.sayLeft). Grains take the HandoffDones naming one.
+		if m == nil || m.Destination != "" || m.Member == "" {
+			break
+		}
+		n.onLeft(m.Member)
 		return
 	case *clusterpb.HandoffRequest:
 		if m == nil || sender == nil {

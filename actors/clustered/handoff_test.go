@@ -46,7 +46,7 @@ func TestJoinHandsOff(t *testing.T) {
 	assert.Zero(t, w.overlaps.Load(), "requests of one group in flight at once")
 	assert.Zero(t, violations, "order violations")
 	assert.Zero(t, missing, "acknowledged but missing")
-	assert.Empty(t, l.errs)
+	assert.Empty(t, l.errs, "first of each: %v", l.first)
 	// The joiner did batch the destinations it now owns.
 	require.Eventually(t, func() bool { return ms[2].inst.Stats().Batchers > 0 }, 5*time.Second, 10*time.Millisecond)
 }
