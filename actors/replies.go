@@ -219,8 +219,7 @@ func (p *waiters) get() *waiter {
 // is not pooled or the pool has closed.
 func (p *waiters) put(w *waiter) {
 	if !w.pooled {
-		w.timer.Stop()
-		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+		p.unregister(w)
 		return
 	}
 	w.free.Store(true)
@@ -231,8 +230,7 @@ func (p *waiters) put(w *waiter) {
 	// Free before closed is read: a close that this put does not see
 	// finds the waiter free and unregisters it; one it sees may have.
 	if w.free.CompareAndSwap(true, false) {
-		w.timer.Stop()
-		p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+		p.unregister(w)
 	}
 }
 
@@ -246,8 +244,13 @@ func (p *waiters) close() {
 	p.mu.Unlock()
 	for _, w := range all {
 		if w.free.CompareAndSwap(true, false) {
-			w.timer.Stop()
-			p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
+			p.unregister(w)
 		}
 	}
+}
+
+// unregister stops w's timer and removes it from the process registry.
+func (p *waiters) unregister(w *waiter) {
+	w.timer.Stop()
+	p.system.ProcessRegistry.Remove(&actor.PID{Id: w.id})
 }

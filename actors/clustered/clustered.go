@@ -94,7 +94,7 @@ type Node struct {
 	cutMu sync.Mutex
 	cut   map[string]time.Time // members whose connection was lost, and when (last time)
 	// leftOK: members that said they left gracefully (see Leave), until
-	// they join again.
+	// the member lists drop them or they join again.
 	leftOK   map[string]bool
 	ledger   *ledger
 	calls    calls
@@ -208,6 +208,10 @@ func (n *Node) onTopology(t *cluster.ClusterTopology) {
 	}
 	for _, m := range t.Left {
 		n.cutOff(m.Address())
+		// The member lists' word is the last: its graceful leave is used.
+		n.cutMu.Lock()
+		delete(n.leftOK, m.Address())
+		n.cutMu.Unlock()
 	}
 }
 

@@ -31,64 +31,67 @@ type endpoint struct{ n *Node }
 func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	_, msg, sender := actor.UnwrapEnvelope(message)
 	n := e.n
-	// A nil pointer of a type taken here can only come from a sender in
-	// this process (the wire never decodes one): it is answered as any
-	// other message the node does not take.
+	if isNilMessage(msg) {
+		n.notDeliver(sender, msg)
+		return
+	}
 	switch m := msg.(type) {
 	case *clusterpb.DeliverReplies:
-		if m == nil {
-			break
-		}
 		for _, r := range m.Replies {
 			if r != nil {
 				n.onAnswer(r.Call, r)
 			}
 		}
-		return
-	case *cluster.ActivationResponse:
-		if m == nil {
-			break
-		}
+	case *cluster.ActivationResponse, *actor.DeadLetterResponse:
 		n.onAnswer(pid.RequestId, m)
-		return
-	case *actor.DeadLetterResponse:
-		if m == nil {
-			break
-		}
-		n.onAnswer(pid.RequestId, m)
-		return
 	case *messages.Delivered:
-		if m == nil {
-			break
-		}
 		if d, ok := m.Ref.(*batcher.Direct); ok {
 			if a, ok := d.Listener.(*admitted); ok {
 				a.Answer(pid, codec.Result{ID: m.ID, Sequence: m.Sequence, Err: m.Err})
 			}
 		}
-		return
 	case *clusterpb.HandoffDone:
 		// Naming no destination, from another member: it left gracefully
 		// (Node.sayLeft). Grains take the HandoffDones naming one.
-		if m == nil || m.Destination != "" || m.Member == "" {
-			break
+		if m.Destination != "" || m.Member == "" {
+			n.notDeliver(sender, msg)
+			return
 		}
 		n.onLeft(m.Member)
-		return
 	case *clusterpb.HandoffRequest:
-		if m == nil || sender == nil {
-			break
+		if sender == nil {
+			n.notDeliver(sender, msg)
+			return
 		}
 		n.apply(n.ledger.request(m.Destination, sender))
-		return
 	case *Deliver:
-		if m == nil {
-			break
-		}
 		n.deliverFor(sender, m)
-		return
+	default:
+		n.notDeliver(sender, msg)
 	}
-	n.notDeliver(sender, msg)
+}
+
+// isNilMessage reports whether msg is a nil pointer of a type the endpoint
+// takes. Only a sender in this process can make one (the wire never decodes
+// one); it is answered as any other message the node does not take.
+func isNilMessage(msg any) bool {
+	switch m := msg.(type) {
+	case *clusterpb.DeliverReplies:
+		return m == nil
+	case *cluster.ActivationResponse:
+		return m == nil
+	case *actor.DeadLetterResponse:
+		return m == nil
+	case *messages.Delivered:
+		return m == nil
+	case *clusterpb.HandoffDone:
+		return m == nil
+	case *clusterpb.HandoffRequest:
+		return m == nil
+	case *Deliver:
+		return m == nil
+	}
+	return false
 }
 
 // notDeliver answers msg, sent to the node's PID but not a non-nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -253,4 +254,47 @@ func TestDeliverWithNilContext(t *testing.T) {
 	_, err := n.Deliver(none, "d", codec.Message{Body: []byte("x")})
 	assert.ErrorIs(t, err, actors.ErrNilContext)
 	assert.True(t, codec.IsPermanent(err))
+}
+
+// TestCutOffAfterAGracefulLeaveAnswersNotSent: a call sent to a member
+// that then said it left gracefully (a HandoffDone naming no destination,
+// at the node's endpoint) is answered as never admitted when the member is
+// cut off, and tried again; without that word it is answered memberLeft
+// (ErrUnreachable). The word is used once: the member lists dropping the
+// member forget it.
+func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
+	n, _, g := localNode(t)
+	close(g.release)
+	const graceful, crashed = "127.0.0.1:1", "127.0.0.1:2"
+	wait := func(address string) <-chan any {
+		out := make(chan any, 1)
+		id, c := n.calls.begin(address)
+		go func() {
+			a, err := n.wait(context.Background(), time.Now().Add(time.Minute), id, c)
+			assert.NoError(t, err)
+			out <- a
+		}()
+		return out
+	}
+	a, b := wait(graceful), wait(crashed)
+	require.Eventually(t, func() bool {
+		n.calls.mu.Lock()
+		defer n.calls.mu.Unlock()
+		return len(n.calls.m) == 2
+	}, 10*time.Second, time.Millisecond)
+	n.system.Root.Send(n.PID(), &clusterpb.HandoffDone{Member: graceful})
+	n.onTopology(&cluster.ClusterTopology{Left: []*cluster.Member{
+		{Host: "127.0.0.1", Port: 1}, {Host: "127.0.0.1", Port: 2},
+	}})
+	assert.IsType(t, notSent{}, <-a, "a call to a member that left gracefully")
+	assert.IsType(t, memberLeft{}, <-b, "a call to a member that did not say so")
+
+	c := wait(graceful)
+	require.Eventually(t, func() bool {
+		n.calls.mu.Lock()
+		defer n.calls.mu.Unlock()
+		return len(n.calls.m) == 1
+	}, 10*time.Second, time.Millisecond)
+	n.cutOff(graceful)
+	assert.IsType(t, memberLeft{}, <-c, "the word was used when the member lists dropped it")
 }
