@@ -2,6 +2,7 @@ package clustered
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -167,7 +168,7 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 			g.timer.Stop()
 		}
 		for _, b := range g.buffered {
-			g.admit(b, new(admitted))
+			g.admit(b, newAdmitted())
 		}
 		g.buffered = nil
 		return
@@ -228,23 +229,13 @@ func (g *grain) owned() bool {
 // deliverBatch takes a batch's deliveries, in their order.
 func (g *grain) deliverBatch(ctx actor.Context, b *clusterpb.DeliverBatch, sender *actor.PID) {
 	now := time.Now()
-	// One allocation for the records of the deliveries admitted at once.
-	var recs []admitted
-	if g.state == admitting {
-		recs = make([]admitted, len(b.Requests))
-	}
-	for i, req := range b.Requests {
-		var rec *admitted
-		if recs != nil {
-			rec = &recs[i]
-		}
-		g.deliver(ctx, req, sender, now, rec)
+	for _, req := range b.Requests {
+		g.deliver(ctx, req, sender, now)
 	}
 }
 
-// deliver takes one delivery, received at now; rec, if not nil, is where
-// its record goes if it is admitted.
-func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID, now time.Time, rec *admitted) {
+// deliver takes one delivery, received at now.
+func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID, now time.Time) {
 	if g.codec == nil && g.state != yielding {
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
 		return
@@ -263,10 +254,7 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 		}
 		g.buffered = append(g.buffered, b)
 	case admitting:
-		if rec == nil {
-			rec = new(admitted)
-		}
-		g.admit(b, rec)
+		g.admit(b, newAdmitted())
 	}
 }
 
@@ -274,8 +262,7 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 // instance answers it through a (see admitted.Answer).
 func (g *grain) admit(b parked, a *admitted) {
 	n := g.n
-	a.n, a.destination, a.replyTo = n, g.destination, b.sender
-	a.reply.Call = b.req.Call
+	a.n, a.destination, a.replyTo, a.call = n, g.destination, b.sender, b.req.Call
 	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
 	a.deliver = messages.Deliver{
 		Codec:       g.codec,
@@ -290,20 +277,43 @@ func (g *grain) admit(b parked, a *admitted) {
 }
 
 // admitted is a delivery a grain handed to the local instance: its Deliver,
-// whom to answer, the answer, and room for the batcher's entry. One
-// allocation holds them all (one per batch: see deliverBatch). It is the Listener of
-// its own Deliver: the batcher answers it directly, and the instance's
-// other answers (a refusal while it stops) reach it through the endpoint
-// as a *messages.Delivered whose Ref is its Direct.
+// whom to answer, and room for the batcher's entry, in one allocation. It is
+// the Listener of its own Deliver: the batcher answers it directly, and the
+// instance's other answers (a refusal while it stops) reach it through the
+// endpoint as a *messages.Delivered whose Ref is its Direct.
+//
+// It is also its Room's Owner: a batcher that answered it from its
+// request's result lets go of it after its last touch (Release), and it
+// serves another delivery. Its answer keeps nothing of it (the reply is a
+// record of its own), so nobody else holds it then; a record the batcher
+// never lets go of (refused, expired, answered by a restart) is left to the
+// collector.
 type admitted struct {
 	n           *Node
 	destination string
 	replyTo     *actor.PID // the caller process; nil: nobody is answered
-	reply       clusterpb.DeliverReply
+	call        uint32     // the DeliverRequest's
 	answered    atomic.Bool
 	direct      batcher.Direct
 	deliver     messages.Deliver
 	room        batcher.Room // the batcher's entry for the delivery
+}
+
+// admittedPool recycles the records batchers let go of.
+var admittedPool = sync.Pool{New: func() any { return new(admitted) }}
+
+// newAdmitted is a zeroed record, owner of its Room.
+func newAdmitted() *admitted {
+	a := admittedPool.Get().(*admitted)
+	a.room.SetOwner(a)
+	return a
+}
+
+// Release is the batcher letting go of a, after answering it: a serves
+// another delivery.
+func (a *admitted) Release() {
+	*a = admitted{}
+	admittedPool.Put(a)
 }
 
 // Listening is true: the caller, on another member, stops waiting at the
@@ -316,10 +326,9 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	if !a.answered.CompareAndSwap(false, true) {
 		return
 	}
-	n := a.n
-	a.reply.Id, a.reply.Sequence, a.reply.Error = r.ID, r.Sequence, encodeError(r.Err)
-	n.reply(a.replyTo, &a.reply)
-	n.apply(n.ledger.answered(a.destination))
+	n, destination := a.n, a.destination
+	n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
+	n.apply(n.ledger.answered(destination))
 }
 
 // yield stops admitting for good: buffered deliveries are refused, the
