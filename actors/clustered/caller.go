@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
@@ -39,6 +40,11 @@ type memberLeft struct{}
 // letter before it was written.
 type notSent struct{}
 
+// nodeQuit answers every call that waits, or begins, once Leave gave up
+// waiting (calls.failAll): nothing will answer it any more. unsent: it is a
+// delivery that was never written (still queued, or begun after that).
+type nodeQuit struct{ unsent bool }
+
 // calls are a node's requests and deliveries waiting for an answer, and
 // the batch messages it posted, each told apart by a number: the RequestId
 // of the sender PID a request or a post hands out (the endpoint's PID), or
@@ -47,6 +53,11 @@ type calls struct {
 	mu  sync.Mutex
 	seq uint32
 	m   map[uint32]*call
+	// quit: failAll ran. A call that begins then is answered nodeQuit at
+	// once, so that waiting for an answer needs no channel shared by every
+	// caller (a select locks each of its channels: one shared by all
+	// callers is a lock they all contend for).
+	quit bool
 }
 
 // call is one request, delivery or post waiting for its answer.
@@ -94,8 +105,15 @@ func recycle(c *call) {
 	callPool.Put(c)
 }
 
-// add registers c and returns its number. cs.mu must be held.
+// add registers c and returns its number; after failAll, c is answered
+// nodeQuit at once instead. cs.mu must be held.
 func (cs *calls) add(c *call) uint32 {
+	if cs.quit {
+		if c.answer != nil {
+			c.answer <- nodeQuit{unsent: true}
+		}
+		return 0
+	}
 	for {
 		cs.seq++
 		if _, taken := cs.m[cs.seq]; cs.seq != 0 && !taken {
@@ -255,8 +273,11 @@ func (cs *calls) failMember(address string, graceful bool) {
 	cs.fail(func(c *call) bool { return c.target == address }, graceful)
 }
 
-// failAll answers every call as failMember does.
+// failAll answers every call nodeQuit, now and from now on.
 func (cs *calls) failAll() {
+	cs.mu.Lock()
+	cs.quit = true
+	cs.mu.Unlock()
 	cs.fail(func(*call) bool { return true }, false)
 }
 
@@ -270,6 +291,8 @@ func (cs *calls) fail(match func(*call) bool, graceful bool) {
 		delete(cs.m, id)
 		switch {
 		case c.answer == nil:
+		case cs.quit:
+			c.answer <- nodeQuit{unsent: c.queued}
 		case c.queued, graceful:
 			c.answer <- notSent{}
 		default:
@@ -375,6 +398,11 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 				// Not delivered, so not admitted.
 			case memberLeft:
 				return codec.Result{}, fmt.Errorf("%w: its member left the cluster before answering", ErrUnreachable)
+			case nodeQuit:
+				if a.unsent {
+					return codec.Result{}, errQuitUnsent
+				}
+				return codec.Result{}, errNodeQuit
 			}
 			n.cache.forget(destination, pid)
 		}
@@ -393,10 +421,16 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 
 // send queues one attempt of q for grain, in the batch the node sends it
 // next, and waits for its answer: a reply, a dead letter, memberLeft,
-// notSent. A nil answer with an error means the ctx ended or the node gave
+// notSent, nodeQuit. A nil answer with an error means the ctx ended or the node gave
 // up first.
 func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
 	id, c := n.calls.beginDelivery(grain.Address)
+	if id == 0 {
+		// Leave gave up: c is answered nodeQuit, and nothing is sent.
+		a := <-c.answer
+		recycle(c)
+		return a, nil
+	}
 	q.call = id
 	n.queueDelivery(grain, destination, q)
 	return n.wait(ctx, deadline, id, c)
@@ -435,40 +469,85 @@ func (n *Node) pause(ctx context.Context, deadline time.Time, d time.Duration) e
 }
 
 // request sends msg to pid with the endpoint as its sender and waits for
-// the answer: a reply, a dead letter, memberLeft. A nil answer with an error
+// the answer: a reply, a dead letter, memberLeft, nodeQuit. A nil answer with an error
 // means the ctx ended or the node gave up first.
 func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, msg any) (any, error) {
 	self := n.PID()
 	id, c := n.calls.begin(pid.Address)
+	if id == 0 {
+		// Leave gave up: c is answered nodeQuit, and nothing is sent.
+		a := <-c.answer
+		recycle(c)
+		return a, nil
+	}
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)
 	return n.wait(ctx, deadline, id, c)
 }
 
+// timerCtx is the type of the ctx context.WithDeadline and WithTimeout
+// return (unless the parent's deadline is sooner): its Done closes at its
+// deadline, by a timer of its own.
+var timerCtx = reflect.TypeOf(func() context.Context {
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(time.Hour))
+	defer cancel()
+	return ctx
+}())
+
+// keepsDeadline reports whether ctx's Done is sure to close by deadline: it
+// is a context.WithDeadline or WithTimeout ctx whose deadline it is. Any
+// other ctx (one of the caller's own making, which may report a deadline
+// its Done never keeps, or one that wraps another) is given a timer of the
+// call's. What this spares is that timer's Reset and Stop (each takes the
+// lock of a P's timer heap) and a third channel in the wait's select.
+func keepsDeadline(ctx context.Context, deadline time.Time) bool {
+	if reflect.TypeOf(ctx) != timerCtx {
+		return false
+	}
+	d, ok := ctx.Deadline()
+	return ok && !d.After(deadline)
+}
+
+// errNodeQuit answers a caller whose call was still waiting when Leave gave
+// up: its delivery may have been sent.
+var errNodeQuit = fmt.Errorf("%w: the node left before its owner answered", ErrUnreachable)
+
+// errQuitUnsent answers a caller whose delivery had not been written when
+// Leave gave up: it never will be.
+var errQuitUnsent = fmt.Errorf("%w: the node left before the message was sent; it was not sent", messages.ErrStopped)
+
 // wait waits for call id's answer until ctx ends or the deadline passes,
-// and recycles c.
+// and recycles c. Leave giving up answers it (nodeQuit): see calls.quit.
 func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call) (any, error) {
-	// c's timer is c's own: stopped before c is recycled, and (since Go
-	// 1.23) a stopped timer's channel holds nothing stale.
-	if c.timer == nil {
-		c.timer = time.NewTimer(time.Until(deadline))
-	} else {
-		c.timer.Reset(time.Until(deadline))
-	}
 	var err error
-	select {
-	case a := <-c.answer:
+	if keepsDeadline(ctx, deadline) {
+		select {
+		case a := <-c.answer:
+			recycle(c)
+			return a, nil
+		case <-ctx.Done():
+			err = n.unreachable(ctx)
+		}
+	} else {
+		// c's timer is c's own: stopped before c is recycled, and (since
+		// Go 1.23) a stopped timer's channel holds nothing stale.
+		if c.timer == nil {
+			c.timer = time.NewTimer(time.Until(deadline))
+		} else {
+			c.timer.Reset(time.Until(deadline))
+		}
+		select {
+		case a := <-c.answer:
+			c.timer.Stop()
+			recycle(c)
+			return a, nil
+		case <-c.timer.C:
+			err = n.unreachable(ctx)
+		case <-ctx.Done():
+			err = n.unreachable(ctx)
+		}
 		c.timer.Stop()
-		recycle(c)
-		return a, nil
-	case <-c.timer.C:
-		err = n.unreachable(ctx)
-	case <-ctx.Done():
-		err = n.unreachable(ctx)
-	case <-n.quit:
-		err = fmt.Errorf("%w: the node left before its owner answered", ErrUnreachable)
 	}
-	c.timer.Stop()
 	if !n.calls.end(id) {
 		<-c.answer
 	}
@@ -492,9 +571,15 @@ func (n *Node) resolve(ctx context.Context, deadline time.Time, destination stri
 	if err != nil {
 		return nil, err
 	}
-	if r, ok := answer.(*cluster.ActivationResponse); ok && r.Pid != nil && !r.Failed {
-		n.cache.put(destination, r.Pid)
-		return r.Pid, nil
+	switch r := answer.(type) {
+	case *cluster.ActivationResponse:
+		if r.Pid != nil && !r.Failed {
+			n.cache.put(destination, r.Pid)
+			return r.Pid, nil
+		}
+	case nodeQuit:
+		// Nothing was delivered, nor will be.
+		return nil, messages.ErrStopped
 	}
 	return nil, nil
 }

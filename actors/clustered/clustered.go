@@ -373,8 +373,10 @@ func (n *Node) sayLeft() {
 // cluster gracefully (cluster.Shutdown(true)), which also shuts down the
 // actor system. Stop Config.Instance afterwards. If ctx ends first, the
 // member leaves all the same and Leave returns an error wrapping ctx.Err():
-// what was not answered then reaches its callers as ErrUnreachable. Later
-// calls wait for the first and return its result.
+// what was not answered then reaches its callers at once, as ErrUnreachable
+// (messages.ErrStopped for a message this member had not yet written to its
+// owner, which it never will). Later calls wait for the first and return
+// its result.
 func (n *Node) Leave(ctx context.Context) error {
 	n.once.Do(func() {
 		defer close(n.left)

@@ -17,6 +17,7 @@ import (
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 	"github.com/ankusa/sinkbatch/internal/testinst"
+	"github.com/ankusa/sinkbatch/messages"
 )
 
 // These tests drive the batching of deliveries on one member, with a
@@ -297,4 +298,93 @@ func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
 	}, 10*time.Second, time.Millisecond)
 	n.cutOff(graceful)
 	assert.IsType(t, memberLeft{}, <-c, "the word was used when the member lists dropped it")
+}
+
+// TestLeaveGivingUpAnswersEveryCall: when Leave's ctx ends before what is in
+// flight is answered, a caller still waiting is answered at once: a
+// delivery still queued with ErrStopped (it is never sent), one already
+// written with ErrUnreachable (it may have been sent); and a call begun
+// after that, by a caller already past its checks, is answered at once too,
+// with nothing queued or sent. Callers wait on their own channels only, so
+// this is the only word they get.
+func TestLeaveGivingUpAnswersEveryCall(t *testing.T) {
+	system, inst := testinst.Start(t, actors.Config{})
+	n, err := New(system, Config{Instance: inst, Destinations: Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}})
+	require.NoError(t, err)
+	g := &scriptedGrain{n: n, release: make(chan struct{})}
+	grain := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return g }))
+	t.Cleanup(func() {
+		close(g.release)
+		require.NoError(t, system.Root.StopFuture(grain).Wait())
+	})
+	n.cache.put("d", grain)
+
+	waiting := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := n.DeliverResult(ctx, "d", codec.Message{Body: []byte("held")})
+		waiting <- err
+	}()
+	// The grain holds its batch message before taking it: the delivery
+	// stays queued, and its caller waits.
+	require.Eventually(t, func() bool { return queued(&n.outboxes) == 1 }, 10*time.Second, time.Millisecond)
+	// A delivery as a batch already took it: written, waiting.
+	written, wc := n.calls.beginDelivery("elsewhere")
+	n.calls.carry(0, []queuedDelivery{{call: written, deadline: time.Now().Add(time.Minute)}}, time.Now())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, n.Leave(ctx), context.DeadlineExceeded)
+	select {
+	case err := <-waiting:
+		assert.ErrorIs(t, err, messages.ErrStopped)
+		assert.ErrorContains(t, err, "it was not sent")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a caller waiting when Leave gave up was not answered")
+	}
+	select {
+	case a := <-wc.answer:
+		assert.Equal(t, nodeQuit{}, a, "a written delivery is answered as maybe sent")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a written delivery waiting when Leave gave up was not answered")
+	}
+
+	a, err := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery("late"))
+	require.NoError(t, err)
+	assert.Equal(t, nodeQuit{unsent: true}, a, "a call begun after Leave gave up is answered at once")
+	assert.Zero(t, queued(&n.outboxes), "and nothing is queued for it")
+	assert.Empty(t, n.calls.m)
+	_, err = n.DeliverResult(context.Background(), "d", codec.Message{Body: []byte("after")})
+	assert.ErrorIs(t, err, messages.ErrStopped)
+}
+
+// lyingCtx reports a deadline its Done never keeps.
+type lyingCtx struct{ context.Context }
+
+func (lyingCtx) Deadline() (time.Time, bool) { return time.Now().Add(time.Millisecond), true }
+
+type ctxKey struct{}
+
+// TestKeepsDeadlineTrustsOnlyTheStandardTimerCtx: a wait goes without a
+// timer of its own only for a ctx whose Done the standard library closes at
+// the deadline the wait keeps.
+func TestKeepsDeadlineTrustsOnlyTheStandardTimerCtx(t *testing.T) {
+	deadline := time.Now().Add(time.Minute)
+	timed, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	assert.True(t, keepsDeadline(timed, deadline))
+	assert.True(t, keepsDeadline(timed, deadline.Add(time.Second)), "a sooner deadline is kept too")
+	assert.False(t, keepsDeadline(timed, deadline.Add(-time.Second)), "a later one is not")
+
+	wrapped, cancelWrapped := context.WithCancel(timed)
+	defer cancelWrapped()
+	assert.False(t, keepsDeadline(wrapped, deadline), "a ctx wrapping another is not trusted")
+	assert.False(t, keepsDeadline(context.WithValue(timed, ctxKey{}, 1), deadline))
+	assert.False(t, keepsDeadline(lyingCtx{context.Background()}, deadline))
+	assert.False(t, keepsDeadline(context.Background(), deadline))
+	// WithDeadline under a parent with a sooner deadline is a cancel ctx.
+	later, cancelLater := context.WithDeadline(timed, deadline.Add(time.Hour))
+	defer cancelLater()
+	assert.False(t, keepsDeadline(later, deadline))
 }
