@@ -45,6 +45,10 @@ type notSent struct{}
 // delivery that was never written (still queued, or begun after that).
 type nodeQuit struct{ unsent bool }
 
+// answeredHere answers a delivery admitted directly (Node.here): its
+// result is in its call.
+type answeredHere struct{}
+
 // calls are a node's requests and deliveries waiting for an answer, and
 // the batch messages it posted, each told apart by a number: the RequestId
 // of the sender PID a request or a post hands out (the endpoint's PID), or
@@ -84,6 +88,10 @@ type call struct {
 
 	// timer keeps the deadline of the caller waiting on answer.
 	timer *time.Timer
+
+	// result is the answer of a delivery admitted directly, set before
+	// answeredHere is sent on answer.
+	result codec.Result
 }
 
 // callPool recycles the calls of requests and deliveries, answer channel
@@ -101,7 +109,7 @@ func newCall(target string, queued bool) *call {
 // recycle puts c back in callPool; its answer was taken, or will never be
 // sent.
 func recycle(c *call) {
-	c.target, c.queued, c.batch, c.batchID = "", false, nil, 0
+	c.target, c.queued, c.batch, c.batchID, c.result = "", false, nil, 0, codec.Result{}
 	callPool.Put(c)
 }
 
@@ -184,6 +192,21 @@ func (cs *calls) answer(id uint32, msg any) (post any, taken bool) {
 	cs.mu.Unlock()
 	c.answer <- msg
 	return nil, false
+}
+
+// answerHere ends call id, a delivery admitted directly, with r, if it
+// still waits.
+func (cs *calls) answerHere(id uint32, r codec.Result) {
+	cs.mu.Lock()
+	c := cs.m[id]
+	if c == nil {
+		cs.mu.Unlock()
+		return
+	}
+	delete(cs.m, id)
+	cs.mu.Unlock()
+	c.result = r
+	c.answer <- answeredHere{}
 }
 
 // endBatch ends the batch delivery c went in. cs.mu must be held.
@@ -374,6 +397,9 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	q := queuedDelivery{deadline: deadline, message: m, parent: spanToWire(trace.SpanContextFromContext(ctx))}
 	backoff := minBackoff
 	for {
+		if r, admitted, err := n.here(ctx, deadline, destination, m); admitted {
+			return r, err
+		}
 		pid, err := n.resolve(ctx, deadline, destination)
 		if err != nil {
 			return codec.Result{}, err
@@ -419,6 +445,55 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	}
 }
 
+// here delivers m straight to the member's own instance, if this member
+// owns destination in the latest topology and its grain admits there
+// (ledger.admitHere): no outbox, no grain, no wire. admitted is false if
+// it did not; the caller then goes through the grain. Once admitted, the
+// delivery is answered as if the grain had admitted it: with the
+// instance's answer, or ErrUnreachable if the ctx ends or Leave gives up
+// first.
+func (n *Node) here(ctx context.Context, deadline time.Time, destination string, m codec.Message) (r codec.Result, admitted bool, err error) {
+	if n.leaving.Load() {
+		return codec.Result{}, false, nil
+	}
+	h, undo := n.ledger.admitHere(destination, n.topo.version.Load())
+	if h == nil {
+		n.apply(undo)
+		return codec.Result{}, false, nil
+	}
+	id, c := n.calls.begin(n.system.Address())
+	if id == 0 {
+		// Leave gave up: c is answered nodeQuit, and nothing is sent.
+		<-c.answer
+		recycle(c)
+		n.apply(n.ledger.answered(h))
+		return codec.Result{}, true, errQuitUnsent
+	}
+	a := newAdmitted()
+	a.here = true
+	n.admit(a, h, id, messages.Deliver{
+		Codec:       n.cfg.Destinations[destination],
+		Message:     m,
+		Deadline:    deadline,
+		SpanContext: trace.SpanContextFromContext(ctx),
+	})
+	answer, err := n.wait(ctx, deadline, id, c, &r)
+	if err != nil {
+		return codec.Result{}, true, err
+	}
+	switch answer.(type) {
+	case answeredHere:
+		if r.Err != nil {
+			return codec.Result{}, true, r.Err
+		}
+		return r, true, nil
+	case nodeQuit:
+		return codec.Result{}, true, errNodeQuit
+	}
+	// memberLeft: this member left the cluster.
+	return codec.Result{}, true, fmt.Errorf("%w: its member left the cluster before answering", ErrUnreachable)
+}
+
 // send queues one attempt of q for grain, in the batch the node sends it
 // next, and waits for its answer: a reply, a dead letter, memberLeft,
 // notSent, nodeQuit. A nil answer with an error means the ctx ended or the node gave
@@ -433,7 +508,7 @@ func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, d
 	}
 	q.call = id
 	n.queueDelivery(grain, destination, q)
-	return n.wait(ctx, deadline, id, c)
+	return n.wait(ctx, deadline, id, c, nil)
 }
 
 // unreachable is the answer to a caller whose ctx ended, or whose deadline
@@ -482,7 +557,7 @@ func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, 
 	}
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)
-	return n.wait(ctx, deadline, id, c)
+	return n.wait(ctx, deadline, id, c, nil)
 }
 
 // timerCtx is the type of the ctx context.WithDeadline and WithTimeout
@@ -517,12 +592,16 @@ var errNodeQuit = fmt.Errorf("%w: the node left before its owner answered", ErrU
 var errQuitUnsent = fmt.Errorf("%w: the node left before the message was sent; it was not sent", messages.ErrStopped)
 
 // wait waits for call id's answer until ctx ends or the deadline passes,
-// and recycles c. Leave giving up answers it (nodeQuit): see calls.quit.
-func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call) (any, error) {
+// and recycles c; a delivery admitted directly has its result copied to
+// result. Leave giving up answers it (nodeQuit): see calls.quit.
+func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call, result *codec.Result) (any, error) {
 	var err error
 	if keepsDeadline(ctx, deadline) {
 		select {
 		case a := <-c.answer:
+			if result != nil {
+				*result = c.result
+			}
 			recycle(c)
 			return a, nil
 		case <-ctx.Done():
@@ -539,6 +618,9 @@ func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call)
 		select {
 		case a := <-c.answer:
 			c.timer.Stop()
+			if result != nil {
+				*result = c.result
+			}
 			recycle(c)
 			return a, nil
 		case <-c.timer.C:

@@ -426,45 +426,40 @@ func loopback(host string) bool {
 
 // callers counts a node's deliveries in progress, and tells Leave when none
 // is left once it closed the count to newcomers. Safe for concurrent use.
+// Every delivery enters and exits, so the count is one atomic word (a
+// mutex taken twice per delivery was among the most contended locks).
 type callers struct {
-	mu     sync.Mutex
-	n      int
-	closed bool
-	zero   chan struct{} // closed once closed and n is 0
+	state atomic.Int64  // deliveries in progress, plus callersClosed once closed
+	zero  chan struct{} // made by close; closed once closed and none is left
+	once  sync.Once
 }
+
+// callersClosed is the bit of callers.state that close sets.
+const callersClosed = int64(1) << 62
 
 // enter counts a delivery in, unless Leave has begun.
 func (c *callers) enter() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	if c.state.Add(1)&callersClosed != 0 {
+		c.exit()
 		return false
 	}
-	c.n++
 	return true
 }
 
-// exit counts a delivery out.
+// exit counts a delivery out. Once closed, a count of zero is final: no
+// delivery enters any more.
 func (c *callers) exit() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n--
-	if c.closed && c.n == 0 && c.zero != nil {
-		close(c.zero)
-		c.zero = nil
+	if c.state.Add(-1) == callersClosed {
+		c.once.Do(func() { close(c.zero) })
 	}
 }
 
 // close refuses newcomers and returns a channel closed once none is left.
+// It is called once.
 func (c *callers) close() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	ch := make(chan struct{})
-	if c.n == 0 {
-		close(ch)
-	} else {
-		c.zero = ch
+	c.zero = make(chan struct{})
+	if c.state.Or(callersClosed) == 0 {
+		c.once.Do(func() { close(c.zero) })
 	}
-	return ch
+	return c.zero
 }

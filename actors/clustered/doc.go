@@ -29,7 +29,11 @@
 // member: the first delivery is sent at once, and those made while its
 // message waits to be written go in the next one, in the order they were
 // made. Each keeps its own answer (admitted, refused, or "not the owner"),
-// as if it had travelled alone.
+// as if it had travelled alone. A delivery made on the owner itself skips
+// all that while the grain admits: its caller counts it in the member's
+// ledger, as the grain would, and hands it to the Instance directly. A
+// hand-off request, the grain yielding, a newer topology or Leave closes
+// that door at once, and such callers go through the grain again.
 //
 // Every answer keeps its meaning across the wire: errors.Is matches the same
 // sentinels (messages.ErrStopped, ErrBatcherDown, ErrNilCodec,

@@ -73,6 +73,8 @@ type grain struct {
 	askedAt     time.Time            // when the grain began to wait
 	ownedAt     uint64               // the topology version owns was computed for
 	owns        bool                 // the member owns destination in that version
+	openAt      uint64               // the topology version the ledger was last opened in (ledger.open)
+	held        *held                // the grain's ledger entry, from register
 	buffered    []parked             // deliveries received while waiting, in order
 	timer       *time.Timer
 }
@@ -137,8 +139,10 @@ func (g *grain) abandonPosts(ctx actor.Context) {
 func (g *grain) start(ctx actor.Context, destination string) {
 	g.destination = destination
 	g.codec = g.n.cfg.Destinations[destination]
-	if g.codec == nil || !g.owned() ||
-		!g.n.ledger.register(destination, ctx.Self()) {
+	if g.codec != nil && g.owned() {
+		g.held = g.n.ledger.register(destination, ctx.Self())
+	}
+	if g.held == nil {
 		g.yield(ctx)
 		return
 	}
@@ -171,6 +175,9 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 			g.admit(b, newAdmitted())
 		}
 		g.buffered = nil
+		if g.owned() && !g.n.leaving.Load() {
+			g.open(ctx)
+		}
 		return
 	}
 	if send {
@@ -255,6 +262,18 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 		g.buffered = append(g.buffered, b)
 	case admitting:
 		g.admit(b, newAdmitted())
+		g.open(ctx)
+	}
+}
+
+// open lets the member's own callers admit directly (Node.here) in the
+// topology version the grain found its member owns the destination in,
+// once per version. Only an admitting grain that checked ownership calls
+// it.
+func (g *grain) open(ctx actor.Context) {
+	if g.openAt != g.ownedAt {
+		g.openAt = g.ownedAt
+		g.n.ledger.open(g.destination, ctx.Self(), g.ownedAt)
 	}
 }
 
@@ -262,16 +281,23 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 // instance answers it through a (see admitted.Answer).
 func (g *grain) admit(b parked, a *admitted) {
 	n := g.n
-	a.n, a.destination, a.replyTo, a.call = n, g.destination, b.sender, b.req.Call
-	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
-	a.deliver = messages.Deliver{
+	a.replyTo = b.sender
+	n.ledger.admit(g.held)
+	n.admit(a, g.held, b.req.Call, messages.Deliver{
 		Codec:       g.codec,
 		Message:     fromWire(b.req),
 		Deadline:    b.deadline,
-		Ref:         &a.direct,
 		SpanContext: spanFromWire(b.req.Parent, b.sender != nil && b.sender.Address != n.system.Address()),
-	}
-	n.ledger.admit(g.destination)
+	})
+}
+
+// admit hands d, a delivery counted in h, to the local instance with a as
+// its record, answered under call.
+func (n *Node) admit(a *admitted, h *held, call uint32, d messages.Deliver) {
+	a.n, a.held, a.call = n, h, call
+	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
+	a.deliver = d
+	a.deliver.Ref = &a.direct
 	// No envelope: the instance answers the Direct's Listener.
 	n.system.Root.Send(n.cfg.Instance.PID(), &a.deliver)
 }
@@ -289,14 +315,15 @@ func (g *grain) admit(b parked, a *admitted) {
 // never lets go of (refused, expired, answered by a restart) is left to the
 // collector.
 type admitted struct {
-	n           *Node
-	destination string
-	replyTo     *actor.PID // the caller process; nil: nobody is answered
-	call        uint32     // the DeliverRequest's
-	answered    atomic.Bool
-	direct      batcher.Direct
-	deliver     messages.Deliver
-	room        batcher.Room // the batcher's entry for the delivery
+	n        *Node
+	held     *held      // the ledger entry it is counted in
+	replyTo  *actor.PID // the caller process; nil: nobody is answered
+	call     uint32     // the DeliverRequest's, or (here) the caller's own
+	here     bool       // admitted directly by a caller of this member (Node.here)
+	answered atomic.Bool
+	direct   batcher.Direct
+	deliver  messages.Deliver
+	room     batcher.Room // the batcher's entry for the delivery
 }
 
 // admittedPool recycles the records batchers let go of.
@@ -326,9 +353,13 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	if !a.answered.CompareAndSwap(false, true) {
 		return
 	}
-	n, destination := a.n, a.destination
-	n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
-	n.apply(n.ledger.answered(destination))
+	n, h := a.n, a.held
+	if a.here {
+		n.calls.answerHere(a.call, r)
+	} else {
+		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
+	}
+	n.apply(n.ledger.answered(h))
 }
 
 // yield stops admitting for good: buffered deliveries are refused, the

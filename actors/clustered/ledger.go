@@ -2,6 +2,7 @@ package clustered
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -11,19 +12,34 @@ import (
 // instance has not answered yet, and the members waiting for it to hand the
 // destination off. A destination's hand-off is done when it has no grain and
 // nothing pending; its entry is then deleted. Safe for concurrent use: the
-// grains, the endpoint process and Leave all call it.
+// grains, the endpoint process, the member's callers (admitHere) and Leave
+// all call it.
+//
+// Every delivery is counted in and out, so those two take no lock: pending
+// and open are atomic, and admitHere looks the entry up in a copy of the
+// map that every change of it replaces. The rest (grain, waiters, the map)
+// is guarded by mu. A count of zero settles the entry only if it is
+// closed (open is 0): whoever closes it sets open to 0 before it reads
+// pending, so a delivery counted in while it was open is seen by the one
+// or answered before it.
 type ledger struct {
 	mu      sync.Mutex
 	dests   map[string]*held
-	leaving bool // Leave has begun: no grain may register
+	view    atomic.Pointer[map[string]*held] // a copy of dests, for admitHere
+	leaving bool                             // Leave has begun: no grain may register
 	idle    chan struct{}
 }
 
 // held is one destination's entry in the ledger.
 type held struct {
-	grain   *actor.PID   // the grain admitting or about to admit; nil: none
-	pending int          // admitted deliveries not answered yet
-	waiters []*actor.PID // grains on other members waiting for HandoffDone
+	destination string
+	grain       *actor.PID   // the grain admitting or about to admit; nil: none
+	waiters     []*actor.PID // grains on other members waiting for HandoffDone
+	pending     atomic.Int64 // admitted deliveries not answered yet
+	// open is the topology version in which the grain, admitting, found
+	// that its member owns the destination: while it is the latest, this
+	// member's own callers admit directly (admitHere). 0: they may not.
+	open atomic.Uint64
 }
 
 // handoff is what a change to the ledger asks its caller to send once the
@@ -35,24 +51,41 @@ type handoff struct {
 	done        []*actor.PID
 }
 
-func newLedger() *ledger { return &ledger{dests: map[string]*held{}} }
+func newLedger() *ledger {
+	l := &ledger{dests: map[string]*held{}}
+	l.publish()
+	return l
+}
+
+// publish replaces the view with a copy of dests. l.mu must be held (or l
+// not shared yet).
+func (l *ledger) publish() {
+	view := make(map[string]*held, len(l.dests))
+	for d, h := range l.dests {
+		view[d] = h
+	}
+	l.view.Store(&view)
+}
 
 func (l *ledger) entry(destination string) *held {
 	h := l.dests[destination]
 	if h == nil {
-		h = &held{}
+		h = &held{destination: destination}
 		l.dests[destination] = h
+		l.publish()
 	}
 	return h
 }
 
-// settle deletes a destination that has no grain and nothing pending, and
-// returns the waiters to answer. l.mu must be held.
-func (l *ledger) settle(destination string, h *held) []*actor.PID {
-	if h.grain != nil || h.pending > 0 {
+// settle deletes h if it is still its destination's entry and has no
+// grain and nothing pending, and returns the waiters to answer. l.mu must
+// be held.
+func (l *ledger) settle(h *held) []*actor.PID {
+	if l.dests[h.destination] != h || h.grain != nil || h.pending.Load() > 0 {
 		return nil
 	}
-	delete(l.dests, destination)
+	delete(l.dests, h.destination)
+	l.publish()
 	if len(l.dests) == 0 && l.idle != nil {
 		close(l.idle)
 		l.idle = nil
@@ -61,15 +94,17 @@ func (l *ledger) settle(destination string, h *held) []*actor.PID {
 }
 
 // register makes grain the destination's admitting grain here, replacing
-// one that has not unregistered yet. It fails once Leave has begun.
-func (l *ledger) register(destination string, grain *actor.PID) bool {
+// one that has not unregistered yet, and returns its entry, in which the
+// grain counts what it admits. nil: Leave has begun.
+func (l *ledger) register(destination string, grain *actor.PID) *held {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.leaving {
-		return false
+		return nil
 	}
-	l.entry(destination).grain = grain
-	return true
+	h := l.entry(destination)
+	h.grain = grain
+	return h
 }
 
 // unregister removes grain, if it is still the destination's grain.
@@ -81,26 +116,64 @@ func (l *ledger) unregister(destination string, grain *actor.PID) handoff {
 		return handoff{}
 	}
 	h.grain = nil
-	return handoff{destination: destination, done: l.settle(destination, h)}
+	h.open.Store(0)
+	return handoff{destination: destination, done: l.settle(h)}
 }
 
-// admit counts a delivery the grain is about to hand to the local instance.
-func (l *ledger) admit(destination string) {
-	l.mu.Lock()
-	l.entry(destination).pending++
-	l.mu.Unlock()
-}
-
-// answered counts an admitted delivery the local instance answered.
-func (l *ledger) answered(destination string) handoff {
+// open lets this member's callers admit deliveries to destination directly
+// while version is the latest topology: grain, the destination's grain
+// here, admits in it. It does nothing once Leave has begun or another
+// member asked for the destination.
+func (l *ledger) open(destination string, grain *actor.PID, version uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := l.dests[destination]
-	if h == nil {
+	if l.leaving || h == nil || h.grain == nil || !h.grain.Equal(grain) || len(h.waiters) > 0 {
+		return
+	}
+	h.open.Store(version)
+}
+
+// admitHere counts in a delivery of this member's own caller, about to be
+// handed to the local instance directly, and returns its entry, if the
+// destination is open in version, the latest topology the caller saw; nil
+// if it is not, with what undoing the count asks for. The count keeps the
+// destination from being handed off until the delivery is answered, as
+// for one the grain admitted; a hand-off request, the grain yielding or
+// Leave close it at once.
+func (l *ledger) admitHere(destination string, version uint64) (*held, handoff) {
+	h := (*l.view.Load())[destination]
+	if h == nil || version == 0 || h.open.Load() != version {
+		return nil, handoff{}
+	}
+	if testHookAdmitHere != nil {
+		testHookAdmitHere()
+	}
+	h.pending.Add(1)
+	if h.open.Load() != version {
+		// Closed meanwhile: whoever closed it may have read the count
+		// before this one was added, and found nothing pending.
+		return nil, l.answered(h)
+	}
+	return h, handoff{}
+}
+
+// testHookAdmitHere, if set (by tests only), runs between admitHere's
+// check and its count.
+var testHookAdmitHere func()
+
+// admit counts in a delivery the grain is about to hand to the local
+// instance.
+func (l *ledger) admit(h *held) { h.pending.Add(1) }
+
+// answered counts out an admitted delivery the local instance answered.
+func (l *ledger) answered(h *held) handoff {
+	if h.pending.Add(-1) > 0 || h.open.Load() != 0 {
 		return handoff{}
 	}
-	h.pending--
-	return handoff{destination: destination, done: l.settle(destination, h)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return handoff{destination: h.destination, done: l.settle(h)}
 }
 
 // request records that the grain waiter, on another member, wants to own
@@ -111,7 +184,8 @@ func (l *ledger) request(destination string, waiter *actor.PID) handoff {
 	defer l.mu.Unlock()
 	h := l.entry(destination)
 	h.waiters = append(h.waiters, waiter)
-	return handoff{destination: destination, yield: h.grain, done: l.settle(destination, h)}
+	h.open.Store(0)
+	return handoff{destination: destination, yield: h.grain, done: l.settle(h)}
 }
 
 // leave stops new registrations and returns the grains to tell to yield
@@ -122,6 +196,7 @@ func (l *ledger) leave() ([]*actor.PID, <-chan struct{}) {
 	l.leaving = true
 	var grains []*actor.PID
 	for _, h := range l.dests {
+		h.open.Store(0)
 		if h.grain != nil {
 			grains = append(grains, h.grain)
 		}
@@ -148,6 +223,7 @@ func (l *ledger) abandon() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dests = map[string]*held{}
+	l.publish()
 	if l.idle != nil {
 		close(l.idle)
 		l.idle = nil

@@ -271,7 +271,7 @@ func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
 		out := make(chan any, 1)
 		id, c := n.calls.begin(address)
 		go func() {
-			a, err := n.wait(context.Background(), time.Now().Add(time.Minute), id, c)
+			a, err := n.wait(context.Background(), time.Now().Add(time.Minute), id, c, nil)
 			assert.NoError(t, err)
 			out <- a
 		}()

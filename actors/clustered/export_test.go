@@ -1,0 +1,21 @@
+package clustered
+
+// Calls is how many calls the node has begun: one per delivery admitted
+// directly; a delivery through the grain begins one, and its batch
+// message another.
+func (n *Node) Calls() uint32 {
+	n.calls.mu.Lock()
+	defer n.calls.mu.Unlock()
+	return n.calls.seq
+}
+
+// OpenHere reports whether this member's own callers admit deliveries to
+// destination directly, now.
+func (n *Node) OpenHere(destination string) bool {
+	h := (*n.ledger.view.Load())[destination]
+	return h != nil && h.open.Load() != 0 && h.open.Load() == n.topo.version.Load()
+}
+
+// NewTopologyVersion bumps the node's topology version, as a member list
+// that changes no owner would.
+func (n *Node) NewTopologyVersion() { n.topo.version.Add(1) }
