@@ -4,13 +4,17 @@ package clustered_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ankusa/sinkbatch/actors/clustered"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
 )
 
 // TestOwnersCallersAdmitDirectly: once the owner's grain admits, the
@@ -53,4 +57,72 @@ func TestOwnersCallersAdmitDirectly(t *testing.T) {
 
 	owner.leave(t)
 	assert.False(t, owner.node.OpenHere("d"), "Leave closes it")
+}
+
+// TestLeaveGivingUpAnswersDirectCallers: the owner's callers whose
+// deliveries it admitted directly, held by a destination that does not
+// answer, are answered at once when Leave's ctx ends (ErrUnreachable: the
+// messages may have been sent), not when the destination answers or at
+// their deadlines.
+func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
+	release := make(chan struct{})
+	var hooked atomic.Int64 // held messages the destination has received
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	o := memberOpts{codec: func(name string) codec.Codec {
+		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+		c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+			if string(batch[0].Body) == "hold" {
+				hooked.Add(int64(len(batch)))
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return make([]codec.Result, len(batch)), nil
+		}
+		return c
+	}}
+	m := startTestCluster(t, 1, []string{"d"}, o)[0]
+	t.Cleanup(free)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+	require.True(t, m.node.OpenHere("d"))
+
+	const n = 20
+	before := m.node.Calls()
+	answers := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("hold")})
+			answers <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return hooked.Load()+int64(m.inst.Stats().Queued) == n }, 10*time.Second, time.Millisecond,
+		"every held message is admitted")
+	require.Equal(t, uint32(n), m.node.Calls()-before, "admitted directly: one call each")
+
+	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancelLeave()
+	left := make(chan error, 1)
+	go func() { left <- m.node.Leave(leaveCtx) }()
+	m.gone = true
+	giveUp := time.After(5 * time.Second)
+	for i := range n {
+		select {
+		case err := <-answers:
+			assert.ErrorIs(t, err, clustered.ErrUnreachable, "answer %d", i)
+		case <-giveUp:
+			free()
+			t.Fatalf("only %d of %d callers were answered within 5 s of Leave giving up", i, n)
+		}
+	}
+	assert.ErrorIs(t, <-left, context.DeadlineExceeded)
+	free()
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelStop()
+	assert.NoError(t, m.inst.Stop(stopCtx))
 }
