@@ -356,12 +356,16 @@ func TestQueueBytesBoundAndTooLarge(t *testing.T) {
 // 7. Abandoned entries are never sent and hold no room.
 func TestAbandonedEntriesAreNotSentAndFreeTheirRoom(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "abandon"})
-	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, QueueMax: 10, Linger: 20 * time.Millisecond})
+	// A linger long enough that the first request goes full, with all ten
+	// of "a" (a full batch does not wait for it), however slow the machine:
+	// the queue must be empty before the abandoned callers fill it.
+	c, v := valved("q", lim10, codec.Tuning{MaxInflight: 1, QueueMax: 10, Linger: time.Second})
 	inFlight := deliverAsync(inst, c, msg("a", "", "in-flight"), 10*time.Second)
 	for range 9 {
 		_ = deliverAsync(inst, c, msg("a", "", "filler"), 10*time.Second)
 	}
-	require.Eventually(t, func() bool { return v.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return v.entered.Load() == 1 && inst.Stats().Queued == 0 }, 5*time.Second, time.Millisecond,
+		"the first request takes all ten")
 
 	// Fill the queue with callers that give up: some by deadline, some by
 	// cancelling their context.
