@@ -182,7 +182,12 @@ func (l *ledger) answered(h *held) handoff {
 func (l *ledger) request(destination string, waiter *actor.PID) handoff {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	h := l.entry(destination)
+	h := l.dests[destination]
+	if h == nil {
+		// Nothing held here: done at once, and the map (whose view every
+		// change copies) is left as it is.
+		return handoff{destination: destination, done: []*actor.PID{waiter}}
+	}
 	h.waiters = append(h.waiters, waiter)
 	h.open.Store(0)
 	return handoff{destination: destination, yield: h.grain, done: l.settle(h)}

@@ -1,0 +1,287 @@
+//go:build !race
+
+package clustered_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors/clustered"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// bodyIDs is a member option whose fake codecs answer each message with
+// its body as its id (so a caller can tell its own answer from another's),
+// after latency, and count the requests of one group in flight at once.
+func bodyIDs(latency time.Duration, overlaps *atomic.Int64) memberOpts {
+	var mu sync.Mutex
+	running := map[string]int{}
+	return memberOpts{codec: func(name string) codec.Codec {
+		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+		c.Tune = codec.Tuning{Linger: time.Millisecond, MaxInflight: 8}
+		c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+			groups := map[string]bool{}
+			for _, m := range batch {
+				groups[name+"/"+m.Group] = true
+			}
+			mu.Lock()
+			for g := range groups {
+				if running[g] > 0 && overlaps != nil {
+					overlaps.Add(1)
+				}
+				running[g]++
+			}
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				for g := range groups {
+					running[g]--
+				}
+				mu.Unlock()
+			}()
+			if latency > 0 {
+				time.Sleep(latency)
+			}
+			res := make([]codec.Result, len(batch))
+			for i, m := range batch {
+				res[i].ID = string(m.Body)
+			}
+			return res, nil
+		}
+		return c
+	}}
+}
+
+// TestAdv10LeaveWithOwnDirectCallers: the owner's own callers admit
+// directly while it leaves. Leave (with time to spare) must wait for
+// everything admitted: it returns nil, every caller is answered with its
+// own result or ErrStopped (not sent: such a message must not be at the
+// destination), nothing is sent after Leave returned, and every success
+// is at the destination.
+func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
+	m := startTestCluster(t, 1, []string{"d"}, bodyIDs(2*time.Millisecond, nil))[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+	require.True(t, m.node.OpenHere("d"))
+
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	stopped := map[string]bool{}
+	var other []error
+	var wg sync.WaitGroup
+	for c := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := 0; ; seq++ {
+				body := fmt.Sprintf("c%d/%d", c, seq)
+				dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				id, err := m.node.Deliver(dctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c%4), Body: []byte(body)})
+				dcancel()
+				mu.Lock()
+				switch {
+				case err == nil && id == body:
+					acked[body] = true
+				case err == nil:
+					other = append(other, fmt.Errorf("%s answered with another's id %q", body, id))
+				case errors.Is(err, messages.ErrStopped):
+					stopped[body] = true
+				default:
+					other = append(other, fmt.Errorf("%s: %w", body, err))
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLeave()
+	m.gone = true
+	require.NoError(t, m.node.Leave(leaveCtx))
+	sentAtLeave := len(m.fake("d").Sent())
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("callers still waiting 5 s after Leave returned")
+	}
+	time.Sleep(200 * time.Millisecond)
+	sent := m.fake("d").Sent()
+	assert.Equal(t, sentAtLeave, len(sent), "messages sent after Leave returned: it did not wait for what was admitted")
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelStop()
+	assert.NoError(t, m.inst.Stop(stopCtx))
+
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, other, "answers other than the caller's own result or ErrStopped")
+	at := map[string]int{}
+	for _, s := range sent {
+		at[string(s.Body)]++
+	}
+	for body := range acked {
+		assert.Equal(t, 1, at[body], "acknowledged %s at the destination %d times", body, at[body])
+	}
+	for body := range stopped {
+		assert.Zero(t, at[body], "%s answered ErrStopped (not sent) but it was sent", body)
+	}
+	t.Logf("%d acknowledged, %d stopped, %d sent", len(acked), len(stopped), len(sent))
+}
+
+// TestAdv10VersionStormOwnResults: the owner's topology version moves on
+// every few hundred microseconds (closing the door each time) while its
+// own callers and the other member's deliver. Every delivery succeeds,
+// with its own id, exactly once at the destination, and no group ever has
+// two requests in flight.
+func TestAdv10VersionStormOwnResults(t *testing.T) {
+	var overlaps atomic.Int64
+	ms := startTestCluster(t, 2, []string{"d"}, bodyIDs(time.Millisecond, &overlaps))
+	owner, other := ownerOf(t, ms, "d")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := other.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var bumper sync.WaitGroup
+	bumper.Add(1)
+	go func() {
+		defer bumper.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Microsecond):
+				owner.node.NewTopologyVersion()
+			}
+		}
+	}()
+	var mu sync.Mutex
+	var wrong []error
+	ok := 0
+	var wg sync.WaitGroup
+	for i, m := range []*member{owner, owner, owner, other} {
+		for c := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for seq := range 40 {
+					body := fmt.Sprintf("m%d.c%d/%d", i, c, seq)
+					id, err := m.node.Deliver(ctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c%3), Body: []byte(body)})
+					mu.Lock()
+					if err != nil || id != body {
+						wrong = append(wrong, fmt.Errorf("%s: id %q, %v", body, id, err))
+					} else {
+						ok++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	bumper.Wait()
+	assert.Empty(t, wrong)
+	at := map[string]int{}
+	for _, s := range owner.fake("d").Sent() {
+		at[string(s.Body)]++
+	}
+	for _, s := range other.fake("d").Sent() {
+		at[string(s.Body)]++
+	}
+	dup := 0
+	for _, n := range at {
+		if n > 1 {
+			dup++
+		}
+	}
+	assert.Zero(t, dup, "messages sent more than once")
+	assert.Zero(t, overlaps.Load(), "requests of one group in flight at once")
+	t.Logf("%d ok, %d sent by the owner, %d by the other", ok, len(owner.fake("d").Sent()), len(other.fake("d").Sent()))
+}
+
+// TestAdv10LeaveGivesUpUnderDirectLoad: Leave's ctx ends while the
+// owner's own callers keep admitting directly (and keep arriving, some
+// between their ledger count and their call). Every caller is answered at
+// once: ErrUnreachable (may have been sent) or ErrStopped (not sent, and
+// then not at the destination), or its own result.
+func TestAdv10LeaveGivesUpUnderDirectLoad(t *testing.T) {
+	m := startTestCluster(t, 1, []string{"d"}, bodyIDs(400*time.Millisecond, nil))[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+	require.True(t, m.node.OpenHere("d"))
+
+	var mu sync.Mutex
+	var bad []error
+	stopped := map[string]bool{}
+	var wg sync.WaitGroup
+	for c := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := 0; ; seq++ {
+				body := fmt.Sprintf("c%d/%d", c, seq)
+				id, err := m.node.Deliver(ctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c), Body: []byte(body)})
+				mu.Lock()
+				switch {
+				case err == nil && id != body:
+					bad = append(bad, fmt.Errorf("%s answered with another's id %q", body, id))
+				case err == nil, errors.Is(err, clustered.ErrUnreachable):
+				case errors.Is(err, messages.ErrStopped):
+					stopped[body] = true
+				default:
+					bad = append(bad, fmt.Errorf("%s: %w", body, err))
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(150 * time.Millisecond)
+	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelLeave()
+	m.gone = true
+	leaveAt := time.Now()
+	sentBefore := len(m.fake("d").Sent())
+	leaveErr := m.node.Leave(leaveCtx)
+	t.Logf("Leave took %v, returned %v; sent %d before, %d after", time.Since(leaveAt), leaveErr, sentBefore, len(m.fake("d").Sent()))
+	assert.ErrorIs(t, leaveErr, context.DeadlineExceeded)
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(3 * time.Second):
+		t.Fatal("callers still waiting 3 s after Leave gave up")
+	}
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelStop()
+	_ = m.inst.Stop(stopCtx)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, bad)
+	for _, s := range m.fake("d").Sent() {
+		assert.False(t, stopped[string(s.Body)], "%s answered ErrStopped (not sent) but sent", s.Body)
+	}
+	t.Logf("%d stopped, %d sent", len(stopped), len(m.fake("d").Sent()))
+}
