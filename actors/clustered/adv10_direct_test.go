@@ -76,51 +76,14 @@ func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, m.node.OpenHere("d"))
 
-	var mu sync.Mutex
-	acked := map[string]bool{}
-	stopped := map[string]bool{}
-	var other []error
-	var wg sync.WaitGroup
-	for c := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for seq := 0; ; seq++ {
-				body := fmt.Sprintf("c%d/%d", c, seq)
-				dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
-				id, err := m.node.Deliver(dctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c%4), Body: []byte(body)})
-				dcancel()
-				mu.Lock()
-				switch {
-				case err == nil && id == body:
-					acked[body] = true
-				case err == nil:
-					other = append(other, fmt.Errorf("%s answered with another's id %q", body, id))
-				case errors.Is(err, messages.ErrStopped):
-					stopped[body] = true
-				default:
-					other = append(other, fmt.Errorf("%s: %w", body, err))
-				}
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
+	l := startDirectLoad(m, 64, 4)
 	time.Sleep(300 * time.Millisecond)
 	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelLeave()
 	m.gone = true
 	require.NoError(t, m.node.Leave(leaveCtx))
 	sentAtLeave := len(m.fake("d").Sent())
-	answered := make(chan struct{})
-	go func() { wg.Wait(); close(answered) }()
-	select {
-	case <-answered:
-	case <-time.After(5 * time.Second):
-		t.Fatal("callers still waiting 5 s after Leave returned")
-	}
+	l.wait(t, 5*time.Second, "Leave returned")
 	time.Sleep(200 * time.Millisecond)
 	sent := m.fake("d").Sent()
 	assert.Equal(t, sentAtLeave, len(sent), "messages sent after Leave returned: it did not wait for what was admitted")
@@ -128,20 +91,21 @@ func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
 	defer cancelStop()
 	assert.NoError(t, m.inst.Stop(stopCtx))
 
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Empty(t, other, "answers other than the caller's own result or ErrStopped")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	assert.Empty(t, l.bad, "answers other than the caller's own result or ErrStopped")
+	assert.Zero(t, l.unreachable, "answered ErrUnreachable though Leave had time to drain")
 	at := map[string]int{}
 	for _, s := range sent {
 		at[string(s.Body)]++
 	}
-	for body := range acked {
+	for body := range l.acked {
 		assert.Equal(t, 1, at[body], "acknowledged %s at the destination %d times", body, at[body])
 	}
-	for body := range stopped {
+	for body := range l.stopped {
 		assert.Zero(t, at[body], "%s answered ErrStopped (not sent) but it was sent", body)
 	}
-	t.Logf("%d acknowledged, %d stopped, %d sent", len(acked), len(stopped), len(sent))
+	t.Logf("%d acknowledged, %d stopped, %d sent", len(l.acked), len(l.stopped), len(sent))
 }
 
 // TestAdv10VersionStormOwnResults: the owner's topology version moves on
@@ -230,34 +194,7 @@ func TestAdv10LeaveGivesUpUnderDirectLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, m.node.OpenHere("d"))
 
-	var mu sync.Mutex
-	var bad []error
-	stopped := map[string]bool{}
-	var wg sync.WaitGroup
-	for c := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for seq := 0; ; seq++ {
-				body := fmt.Sprintf("c%d/%d", c, seq)
-				id, err := m.node.Deliver(ctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c), Body: []byte(body)})
-				mu.Lock()
-				switch {
-				case err == nil && id != body:
-					bad = append(bad, fmt.Errorf("%s answered with another's id %q", body, id))
-				case err == nil, errors.Is(err, clustered.ErrUnreachable):
-				case errors.Is(err, messages.ErrStopped):
-					stopped[body] = true
-				default:
-					bad = append(bad, fmt.Errorf("%s: %w", body, err))
-				}
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
+	l := startDirectLoad(m, 64, 64)
 	time.Sleep(150 * time.Millisecond)
 	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancelLeave()
@@ -267,21 +204,79 @@ func TestAdv10LeaveGivesUpUnderDirectLoad(t *testing.T) {
 	leaveErr := m.node.Leave(leaveCtx)
 	t.Logf("Leave took %v, returned %v; sent %d before, %d after", time.Since(leaveAt), leaveErr, sentBefore, len(m.fake("d").Sent()))
 	assert.ErrorIs(t, leaveErr, context.DeadlineExceeded)
-	answered := make(chan struct{})
-	go func() { wg.Wait(); close(answered) }()
-	select {
-	case <-answered:
-	case <-time.After(3 * time.Second):
-		t.Fatal("callers still waiting 3 s after Leave gave up")
-	}
+	l.wait(t, 3*time.Second, "Leave gave up")
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelStop()
 	_ = m.inst.Stop(stopCtx)
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Empty(t, bad)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	assert.Empty(t, l.bad)
 	for _, s := range m.fake("d").Sent() {
-		assert.False(t, stopped[string(s.Body)], "%s answered ErrStopped (not sent) but sent", s.Body)
+		assert.False(t, l.stopped[string(s.Body)], "%s answered ErrStopped (not sent) but sent", s.Body)
 	}
-	t.Logf("%d stopped, %d sent", len(stopped), len(m.fake("d").Sent()))
+	t.Logf("%d stopped, %d unreachable, %d sent", len(l.stopped), l.unreachable, len(m.fake("d").Sent()))
+}
+
+// directLoad is a member's own callers delivering to "d", each until it
+// is answered with anything but its own id, and what they were answered.
+type directLoad struct {
+	wg             sync.WaitGroup
+	mu             sync.Mutex
+	acked, stopped map[string]bool
+	unreachable    int
+	bad            []error
+}
+
+// startDirectLoad starts callers callers on m, over groups groups.
+func startDirectLoad(m *member, callers, groups int) *directLoad {
+	l := &directLoad{acked: map[string]bool{}, stopped: map[string]bool{}}
+	for c := range callers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for seq := 0; ; seq++ {
+				body := fmt.Sprintf("c%d/%d", c, seq)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				id, err := m.node.Deliver(ctx, "d", codec.Message{Group: fmt.Sprintf("g%d", c%groups), Body: []byte(body)})
+				cancel()
+				if !l.record(body, id, err) {
+					return
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// record takes the answer to body; it reports whether it was the caller's
+// own id.
+func (l *directLoad) record(body, id string, err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err == nil && id == body:
+		l.acked[body] = true
+		return true
+	case err == nil:
+		l.bad = append(l.bad, fmt.Errorf("%s answered with another's id %q", body, id))
+	case errors.Is(err, messages.ErrStopped):
+		l.stopped[body] = true
+	case errors.Is(err, clustered.ErrUnreachable):
+		l.unreachable++
+	default:
+		l.bad = append(l.bad, fmt.Errorf("%s: %w", body, err))
+	}
+	return false
+}
+
+// wait fails t unless every caller is answered within d of after.
+func (l *directLoad) wait(t *testing.T, d time.Duration, after string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { l.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("callers still waiting %v after %s", d, after)
+	}
 }
