@@ -69,12 +69,7 @@ func bodyIDs(latency time.Duration, overlaps *atomic.Int64) memberOpts {
 // destination), nothing is sent after Leave returned, and every success
 // is at the destination.
 func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
-	m := startTestCluster(t, 1, []string{"d"}, bodyIDs(2*time.Millisecond, nil))[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
-	require.NoError(t, err)
-	require.True(t, m.node.OpenHere("d"))
+	m := openedAlone(t, bodyIDs(2*time.Millisecond, nil))
 
 	l := startDirectLoad(m, 64, 4)
 	time.Sleep(300 * time.Millisecond)
@@ -187,12 +182,7 @@ func TestAdv10VersionStormOwnResults(t *testing.T) {
 // once: ErrUnreachable (may have been sent) or ErrStopped (not sent, and
 // then not at the destination), or its own result.
 func TestAdv10LeaveGivesUpUnderDirectLoad(t *testing.T) {
-	m := startTestCluster(t, 1, []string{"d"}, bodyIDs(400*time.Millisecond, nil))[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
-	require.NoError(t, err)
-	require.True(t, m.node.OpenHere("d"))
+	m := openedAlone(t, bodyIDs(400*time.Millisecond, nil))
 
 	l := startDirectLoad(m, 64, 64)
 	time.Sleep(150 * time.Millisecond)

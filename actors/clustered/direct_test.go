@@ -84,13 +84,10 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 		}
 		return c
 	}}
-	m := startTestCluster(t, 1, []string{"d"}, o)[0]
+	m := openedAlone(t, o)
 	t.Cleanup(free)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
-	require.NoError(t, err)
-	require.True(t, m.node.OpenHere("d"))
 
 	const n = 20
 	before := m.node.Calls()
@@ -125,4 +122,17 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelStop()
 	assert.NoError(t, m.inst.Stop(stopCtx))
+}
+
+// openedAlone starts a cluster of one member with o, and delivers to "d"
+// once: its grain then admits, and opens "d" to the member's own callers.
+func openedAlone(t *testing.T, o memberOpts) *member {
+	t.Helper()
+	m := startTestCluster(t, 1, []string{"d"}, o)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+	require.True(t, m.node.OpenHere("d"))
+	return m
 }
