@@ -215,13 +215,6 @@ func (l *ledger) leave() ([]*actor.PID, <-chan struct{}) {
 	return grains, idle
 }
 
-// isLeaving reports whether Leave has begun.
-func (l *ledger) isLeaving() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.leaving
-}
-
 // abandon forgets everything held, for a Leave whose ctx ended: nothing
 // will answer it any more.
 func (l *ledger) abandon() {
