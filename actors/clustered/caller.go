@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -89,9 +90,17 @@ type call struct {
 	// timer keeps the deadline of the caller waiting on answer.
 	timer *time.Timer
 
-	// result is the answer of a delivery admitted directly, set before
-	// answeredHere is sent on answer.
-	result codec.Result
+	// A delivery admitted directly (Node.here) is in directCalls, not in
+	// calls: result is its answer, set before answeredHere is sent on
+	// answer; pending is its token while it waits, 0 once answered or
+	// abandoned; token counts the deliveries c served, so that an answer
+	// meant for an earlier one is told apart.
+	result  codec.Result
+	pending atomic.Uint64
+	token   uint64
+	shard   uint8
+	prev    *call
+	next    *call
 }
 
 // callPool recycles the calls of requests and deliveries, answer channel
@@ -192,21 +201,6 @@ func (cs *calls) answer(id uint32, msg any) (post any, taken bool) {
 	cs.mu.Unlock()
 	c.answer <- msg
 	return nil, false
-}
-
-// answerHere ends call id, a delivery admitted directly, with r, if it
-// still waits.
-func (cs *calls) answerHere(id uint32, r codec.Result) {
-	cs.mu.Lock()
-	c := cs.m[id]
-	if c == nil {
-		cs.mu.Unlock()
-		return
-	}
-	delete(cs.m, id)
-	cs.mu.Unlock()
-	c.result = r
-	c.answer <- answeredHere{}
 }
 
 // endBatch ends the batch delivery c went in. cs.mu must be held.
@@ -461,23 +455,27 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 		n.apply(undo)
 		return codec.Result{}, false, nil
 	}
-	id, c := n.calls.begin(n.system.Address())
-	if id == 0 {
-		// Leave gave up: c is answered nodeQuit, and nothing is sent.
-		<-c.answer
+	c := newCall(n.system.Address(), false)
+	token, ok := n.direct.add(c)
+	if !ok {
+		// Leave gave up: nothing is sent.
+		if !n.direct.abandon(c) {
+			<-c.answer
+		}
+		n.direct.remove(c)
 		recycle(c)
 		n.apply(n.ledger.answered(h))
 		return codec.Result{}, true, errQuitUnsent
 	}
 	a := newAdmitted()
-	a.here = true
-	n.admit(a, h, id, messages.Deliver{
+	a.here, a.directCall, a.token = true, c, token
+	n.admit(a, h, 0, messages.Deliver{
 		Codec:       n.cfg.Destinations[destination],
 		Message:     m,
 		Deadline:    deadline,
 		SpanContext: trace.SpanContextFromContext(ctx),
 	})
-	answer, err := n.wait(ctx, deadline, id, c, &r)
+	answer, err := n.wait(ctx, deadline, 0, c, &r)
 	if err != nil {
 		return codec.Result{}, true, err
 	}
@@ -592,8 +590,9 @@ var errNodeQuit = fmt.Errorf("%w: the node left before its owner answered", ErrU
 var errQuitUnsent = fmt.Errorf("%w: the node left before the message was sent; it was not sent", messages.ErrStopped)
 
 // wait waits for call id's answer until ctx ends or the deadline passes,
-// and recycles c; a delivery admitted directly has its result copied to
-// result. Leave giving up answers it (nodeQuit): see calls.quit.
+// and recycles c. Id 0 is a delivery admitted directly, in n.direct: its
+// result is copied to result. Leave giving up answers it (nodeQuit): see
+// calls.quit and directCalls.fail.
 func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call, result *codec.Result) (any, error) {
 	var err error
 	if keepsDeadline(ctx, deadline) {
@@ -602,7 +601,7 @@ func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call,
 			if result != nil {
 				*result = c.result
 			}
-			recycle(c)
+			n.done(id, c)
 			return a, nil
 		case <-ctx.Done():
 			err = n.unreachable(ctx)
@@ -621,7 +620,7 @@ func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call,
 			if result != nil {
 				*result = c.result
 			}
-			recycle(c)
+			n.done(id, c)
 			return a, nil
 		case <-c.timer.C:
 			err = n.unreachable(ctx)
@@ -630,11 +629,30 @@ func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call,
 		}
 		c.timer.Stop()
 	}
-	if !n.calls.end(id) {
+	if !n.stopWaiting(id, c) {
 		<-c.answer
 	}
-	recycle(c)
+	n.done(id, c)
 	return nil, err
+}
+
+// stopWaiting ends call id (0: c, a direct delivery), whose caller stopped
+// waiting. It reports whether the call still waited: if not, its answer is
+// on its way.
+func (n *Node) stopWaiting(id uint32, c *call) bool {
+	if id == 0 {
+		return n.direct.abandon(c)
+	}
+	return n.calls.end(id)
+}
+
+// done recycles c, answered, of call id (0: a direct delivery, taken out
+// of n.direct first).
+func (n *Node) done(id uint32, c *call) {
+	if id == 0 {
+		n.direct.remove(c)
+	}
+	recycle(c)
 }
 
 // resolve is the PID of destination's grain: cached, or activated on the

@@ -98,8 +98,9 @@ type Node struct {
 	leftOK   map[string]bool
 	ledger   *ledger
 	calls    calls
-	outboxes outboxes   // deliveries waiting to be written to their grains
-	replies  replyBoxes // answers waiting to be written to their callers
+	direct   directCalls // deliveries admitted directly, waiting
+	outboxes outboxes    // deliveries waiting to be written to their grains
+	replies  replyBoxes  // answers waiting to be written to their callers
 	cache    pidCache
 
 	cluster  atomic.Pointer[cluster.Cluster]
@@ -226,6 +227,10 @@ func (n *Node) cutOff(address string) {
 	graceful := n.leftOK[address]
 	n.cutMu.Unlock()
 	n.calls.failMember(address, graceful)
+	if address == n.system.Address() {
+		// This member was dropped from the cluster.
+		n.direct.fail(memberLeft{}, false)
+	}
 }
 
 // onLeft takes a member's word that it left gracefully (see Leave): it
@@ -403,6 +408,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			n.outboxes.cut("")
 			n.replies.cut("")
 			n.calls.failAll()
+			n.direct.fail(nodeQuit{}, true)
 		}
 		if c := n.cluster.Load(); c != nil {
 			n.shutdown(c)

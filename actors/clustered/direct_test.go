@@ -36,23 +36,25 @@ func TestOwnersCallersAdmitDirectly(t *testing.T) {
 	require.True(t, owner.node.OpenHere("d"), "the admitting grain opens the destination to its member's callers")
 
 	const n = 50
-	before := owner.node.Calls()
+	before, beforeDirect := owner.node.Calls(), owner.node.DirectCalls()
 	ids := map[string]bool{}
 	for i := range n {
 		id, err := owner.node.Deliver(ctx, "d", msg("direct"))
 		require.NoError(t, err, "delivery %d", i)
 		ids[id] = true
 	}
-	assert.Equal(t, uint32(n), owner.node.Calls()-before, "one call per delivery: none went through the grain")
+	assert.Equal(t, uint64(n), owner.node.DirectCalls()-beforeDirect, "one direct call per delivery")
+	assert.Equal(t, before, owner.node.Calls(), "none went through the grain")
 	assert.Len(t, ids, n, "each caller gets its own message's id")
 	assert.Len(t, owner.fake("d").Sent(), n+1, "all sent by the owner's batcher")
 
 	owner.node.NewTopologyVersion()
 	assert.False(t, owner.node.OpenHere("d"), "opened in an older topology")
-	before = owner.node.Calls()
+	before, beforeDirect = owner.node.Calls(), owner.node.DirectCalls()
 	_, err = owner.node.Deliver(ctx, "d", msg("the long way"))
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, owner.node.Calls()-before, uint32(2), "through the grain: a call and a batch message")
+	assert.Equal(t, beforeDirect, owner.node.DirectCalls(), "not admitted directly")
 	assert.True(t, owner.node.OpenHere("d"), "the grain, still the owner's, opens it again")
 
 	owner.leave(t)
@@ -90,7 +92,7 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 	defer cancel()
 
 	const n = 20
-	before := m.node.Calls()
+	before := m.node.DirectCalls()
 	answers := make(chan error, n)
 	for range n {
 		go func() {
@@ -100,7 +102,7 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return hooked.Load()+int64(m.inst.Stats().Queued) == n }, 10*time.Second, time.Millisecond,
 		"every held message is admitted")
-	require.Equal(t, uint32(n), m.node.Calls()-before, "admitted directly: one call each")
+	require.Equal(t, uint64(n), m.node.DirectCalls()-before, "admitted directly: one call each")
 
 	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancelLeave()

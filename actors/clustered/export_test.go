@@ -9,6 +9,10 @@ func (n *Node) Calls() uint32 {
 	return n.calls.seq
 }
 
+// DirectCalls is how many deliveries this member's callers admitted
+// directly.
+func (n *Node) DirectCalls() uint64 { return n.direct.added() }
+
 // OpenHere reports whether this member's own callers admit deliveries to
 // destination directly, now.
 func (n *Node) OpenHere(destination string) bool {

@@ -315,15 +315,19 @@ func (n *Node) admit(a *admitted, h *held, call uint32, d messages.Deliver) {
 // never lets go of (refused, expired, answered by a restart) is left to the
 // collector.
 type admitted struct {
-	n        *Node
-	held     *held      // the ledger entry it is counted in
-	replyTo  *actor.PID // the caller process; nil: nobody is answered
-	call     uint32     // the DeliverRequest's, or (here) the caller's own
-	here     bool       // admitted directly by a caller of this member (Node.here)
-	answered atomic.Bool
-	direct   batcher.Direct
-	deliver  messages.Deliver
-	room     batcher.Room // the batcher's entry for the delivery
+	n       *Node
+	held    *held      // the ledger entry it is counted in
+	replyTo *actor.PID // the caller process; nil: nobody is answered
+	call    uint32     // the DeliverRequest's
+	// here: admitted directly by a caller of this member (Node.here),
+	// whose call directCall is, under token.
+	here       bool
+	directCall *call
+	token      uint64
+	answered   atomic.Bool
+	direct     batcher.Direct
+	deliver    messages.Deliver
+	room       batcher.Room // the batcher's entry for the delivery
 }
 
 // admittedPool recycles the records batchers let go of.
@@ -355,7 +359,7 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	}
 	n, h := a.n, a.held
 	if a.here {
-		n.calls.answerHere(a.call, r)
+		n.direct.answer(a.directCall, a.token, r)
 	} else {
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}
