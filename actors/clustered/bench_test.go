@@ -5,6 +5,7 @@ package clustered_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +32,14 @@ const benchCallers = 300 // in all: split evenly over the members
 // drive makes n deliveries from callers goroutines, each deliver(i) for
 // the caller's index, and returns how long they took.
 func drive(b *testing.B, n, callers int, deliver func(caller int) error) time.Duration {
-	var next atomic.Int64
+	return driveSplit(b, n, callers, 1, deliver)
+}
+
+// driveSplit is drive with the n deliveries split evenly over parts:
+// caller c makes part c%parts's, so a part whose callers are slower takes
+// longer instead of leaving its share to the others.
+func driveSplit(b *testing.B, n, callers, parts int, deliver func(caller int) error) time.Duration {
+	next := make([]atomic.Int64, parts*8) // a part's counter is next[part*8], a cache line from the next
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -39,7 +47,12 @@ func drive(b *testing.B, n, callers int, deliver func(caller int) error) time.Du
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(n) {
+			part := c % parts
+			quota := int64(n / parts)
+			if part == parts-1 {
+				quota = int64(n - (parts-1)*(n/parts))
+			}
+			for next[part*8].Add(1) <= quota {
 				if err := deliver(c); err != nil {
 					failed.Store(err)
 				}
@@ -113,6 +126,12 @@ func benchClusterVsLocal(b *testing.B, latency time.Duration) {
 		before += m.fake("dest").Requests()
 	}
 
+	owner, _ := ownerOf(b, ms, "dest")
+	ownerIndex := slices.Index(ms, owner)
+	// made[c*16]: deliveries caller c made through the cluster (a slot a
+	// cache line apart from the next caller's).
+	made := make([]int64, benchCallers*16)
+
 	var dLocal, dUnclustered, dCluster time.Duration
 	for r := range benchRounds {
 		n := b.N / benchRounds
@@ -127,6 +146,7 @@ func benchClusterVsLocal(b *testing.B, latency time.Duration) {
 			})
 		})
 		dCluster += drive(b, n, benchCallers, func(c int) error {
+			made[c*16]++
 			return timed(func(ctx context.Context) error {
 				_, err := ms[c%3].node.Deliver(ctx, "dest", msg)
 				return err
@@ -149,6 +169,12 @@ func benchClusterVsLocal(b *testing.B, latency time.Duration) {
 	for _, c := range unclustered {
 		unclusteredReqs += c.Requests()
 	}
+	var byOwner int64
+	for c := range benchCallers {
+		if c%3 == ownerIndex {
+			byOwner += made[c*16]
+		}
+	}
 	rate := func(d time.Duration) float64 { return float64(b.N) / d.Seconds() }
 	b.ReportMetric(rate(dLocal), "local-deliveries/s")
 	b.ReportMetric(rate(dCluster), "cluster-deliveries/s")
@@ -157,6 +183,9 @@ func benchClusterVsLocal(b *testing.B, latency time.Duration) {
 	b.ReportMetric(float64(b.N)/float64(local.Requests()), "local-entries/req")
 	b.ReportMetric(float64(b.N)/float64(clusterReqs), "cluster-entries/req")
 	b.ReportMetric(float64(b.N)/float64(unclusteredReqs), "unclustered-entries/req")
+	// The owner's callers admit directly, so they are faster and make more
+	// than their third of the cluster's deliveries.
+	b.ReportMetric(float64(byOwner)/float64(b.N), "cluster-owner-share")
 }
 
 // BenchmarkClusterOnly is the cluster way of BenchmarkClusterVsLocal alone
@@ -180,4 +209,72 @@ func BenchmarkClusterOnly(b *testing.B) {
 		return err
 	})
 	b.ReportMetric(float64(b.N)/d.Seconds(), "deliveries/s")
+}
+
+// BenchmarkClusterCallersWhere is BenchmarkClusterVsLocal's instant
+// destination with the 300 callers placed otherwise:
+//
+//	owner   all on the destination's owner (they admit directly)
+//	others  all on the two other members (every delivery and answer
+//	        crosses the wire)
+//	even    100 on each member, each member's making a third of the
+//	        deliveries (in BenchmarkClusterVsLocal the owner's faster
+//	        callers make more than their third)
+//
+// Each alternates with one local instance in the same run, and reports
+// cluster/local.
+func BenchmarkClusterCallersWhere(b *testing.B) {
+	for _, where := range []string{"owner", "others", "even"} {
+		b.Run(where, func(b *testing.B) { benchCallersWhere(b, where) })
+	}
+}
+
+func benchCallersWhere(b *testing.B, where string) {
+	ctx := context.Background()
+	msg := codec.Message{Body: []byte("benchmark body of a typical small event payload")}
+	deliver := func(d func(ctx context.Context) (string, error)) error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, err := d(ctx)
+		return err
+	}
+	b.StopTimer()
+	_, inst := testinst.Start(b, actors.Config{})
+	local := benchCodec("local", 0)
+	ms := startTestCluster(b, 3, []string{"dest"}, memberOpts{codec: func(name string) codec.Codec { return benchCodec(name, 0) }})
+	owner, _ := ownerOf(b, ms, "dest")
+	var callers []*member
+	for _, m := range ms {
+		if where == "even" || (m == owner) == (where == "owner") {
+			callers = append(callers, m)
+		}
+		_, err := m.node.Deliver(ctx, "dest", msg)
+		require.NoError(b, err)
+	}
+
+	var dLocal, dCluster time.Duration
+	for r := range benchRounds {
+		n := b.N / benchRounds
+		if r == benchRounds-1 {
+			n = b.N - (benchRounds-1)*n
+		}
+		b.StartTimer()
+		dLocal += drive(b, n, benchCallers, func(int) error {
+			return deliver(func(ctx context.Context) (string, error) { return inst.Deliver(ctx, local, msg) })
+		})
+		parts := 1
+		if where == "even" {
+			parts = len(callers)
+		}
+		dCluster += driveSplit(b, n, benchCallers, parts, func(c int) error {
+			return deliver(func(ctx context.Context) (string, error) {
+				return callers[c%len(callers)].node.Deliver(ctx, "dest", msg)
+			})
+		})
+		b.StopTimer()
+	}
+	rate := func(d time.Duration) float64 { return float64(b.N) / d.Seconds() }
+	b.ReportMetric(rate(dLocal), "local-deliveries/s")
+	b.ReportMetric(rate(dCluster), "cluster-deliveries/s")
+	b.ReportMetric(rate(dCluster)/rate(dLocal), "cluster/local")
 }
