@@ -211,7 +211,11 @@ func (m *refModel) takeOneGroup(now int64, alive func(*refEntry) bool) (batch []
 		for len(batch) < m.s.maxEntries && len(l.entries) > 0 {
 			e := l.entries[0]
 			if late(e) {
-				drop(l)
+				// Dropped without settling: the lane stays t's until the
+				// batch leaves, even if the entries behind belong to
+				// others.
+				dropped = append(dropped, e)
+				l.entries = l.entries[1:]
 				continue
 			}
 			if bytes+e.size > m.s.maxBytes {
