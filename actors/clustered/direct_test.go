@@ -4,6 +4,8 @@ package clustered_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -137,4 +139,66 @@ func openedAlone(t *testing.T, o memberOpts) *member {
 	require.NoError(t, err)
 	require.True(t, m.node.OpenHere("d"))
 	return m
+}
+
+// TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp attacks the reuse of
+// a direct delivery's call record: callers whose deadlines pass while their
+// deliveries wait or are sent put their records back, and others take them
+// at once, while the batcher still answers the first (late, or with a
+// deadline error). Every answer must reach only the caller it was meant
+// for: the destination answers each message with its own body as its id,
+// so a caller given another's answer sees an id that is not its own.
+func TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
+	o := memberOpts{codec: func(name string) codec.Codec {
+		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+		c.Latency, c.Jitter, c.Discard = time.Millisecond, time.Millisecond, true
+		c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
+			res := make([]codec.Result, len(batch))
+			for i, m := range batch {
+				res[i].ID = string(m.Body)
+			}
+			return res, nil
+		}
+		return c
+	}}
+	m := openedAlone(t, o)
+	before := m.node.DirectCalls()
+
+	const callers, each = 100, 60
+	var ok, gaveUp atomic.Int64
+	var wrong atomic.Value
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				body := fmt.Sprintf("c%d-%d", c, i)
+				// Deadlines from 0.2 to 4 ms: about half pass first.
+				timeout := time.Duration(200+(c*37+i*53)%3800) * time.Microsecond
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				id, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte(body)})
+				cancel()
+				switch {
+				case err == nil && id == body:
+					ok.Add(1)
+				case err == nil:
+					wrong.Store(fmt.Sprintf("caller of %q was answered with id %q", body, id))
+				case errors.Is(err, clustered.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded):
+					gaveUp.Add(1)
+				default:
+					wrong.Store(fmt.Sprintf("caller of %q: unexpected error %v", body, err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if w, _ := wrong.Load().(string); w != "" {
+		t.Fatal(w)
+	}
+	t.Logf("%d answered with their own id, %d gave up", ok.Load(), gaveUp.Load())
+	require.Equal(t, int64(callers*each), ok.Load()+gaveUp.Load())
+	require.Positive(t, ok.Load(), "some deliveries succeed")
+	require.Greater(t, gaveUp.Load(), int64(callers*each/10), "many callers give up while their deliveries are held")
+	require.GreaterOrEqual(t, m.node.DirectCalls()-before, uint64(ok.Load()), "admitted directly")
 }
