@@ -141,14 +141,23 @@ func openedAlone(t *testing.T, o memberOpts) *member {
 	return m
 }
 
-// TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp attacks the reuse of
-// a direct delivery's call record: callers whose deadlines pass while their
+// TestCallersGetTheirOwnAnswerWhileOthersGiveUp attacks the reuse of a
+// delivery's call record: callers whose deadlines pass while their
 // deliveries wait or are sent put their records back, and others take them
 // at once, while the batcher still answers the first (late, or with a
 // deadline error). Every answer must reach only the caller it was meant
 // for: the destination answers each message with its own body as its id,
-// so a caller given another's answer sees an id that is not its own.
-func TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
+// so a caller given another's answer sees an id that is not its own. The
+// callers are on the owner (direct deliveries, whose records answer by
+// token) or on the other member (through the wire, answered by call
+// number).
+func TestCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
+	for _, where := range []string{"owner", "other"} {
+		t.Run(where, func(t *testing.T) { callersGetTheirOwnAnswer(t, where) })
+	}
+}
+
+func callersGetTheirOwnAnswer(t *testing.T, where string) {
 	o := memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		c.Latency, c.Jitter, c.Discard = time.Millisecond, time.Millisecond, true
@@ -161,7 +170,16 @@ func TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
 		}
 		return c
 	}}
-	m := openedAlone(t, o)
+	ms := startTestCluster(t, 2, []string{"d"}, o)
+	owner, m := ownerOf(t, ms, "d")
+	if where == "owner" {
+		m = owner
+	}
+	opened, cancelOpen := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancelOpen()
+	_, err := owner.node.Deliver(opened, "d", codec.Message{Body: []byte("opens")})
+	require.NoError(t, err)
+	require.True(t, owner.node.OpenHere("d"))
 	before := m.node.DirectCalls()
 
 	const callers, each = 100, 60
@@ -200,5 +218,9 @@ func TestDirectCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
 	require.Equal(t, int64(callers*each), ok.Load()+gaveUp.Load())
 	require.Positive(t, ok.Load(), "some deliveries succeed")
 	require.Greater(t, gaveUp.Load(), int64(callers*each/10), "many callers give up while their deliveries are held")
-	require.GreaterOrEqual(t, m.node.DirectCalls()-before, uint64(ok.Load()), "admitted directly")
+	if where == "owner" {
+		require.GreaterOrEqual(t, m.node.DirectCalls()-before, uint64(ok.Load()), "admitted directly")
+	} else {
+		require.Equal(t, before, m.node.DirectCalls(), "through the wire")
+	}
 }
