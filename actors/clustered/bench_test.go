@@ -72,6 +72,16 @@ func driveSplit(b *testing.B, n, callers, parts int, deliver func(caller int) er
 // the same drift.
 const benchRounds = 5
 
+// roundShare is round r's share of n deliveries: a benchRounds-th, and
+// what is left over in the last round.
+func roundShare(n, r int) int {
+	share := n / benchRounds
+	if r == benchRounds-1 {
+		return n - (benchRounds-1)*share
+	}
+	return share
+}
+
 // BenchmarkClusterVsLocal delivers b.N messages to one destination, from
 // 300 callers, three ways in the same run:
 //
@@ -134,10 +144,7 @@ func benchClusterVsLocal(b *testing.B, latency time.Duration) {
 
 	var dLocal, dUnclustered, dCluster time.Duration
 	for r := range benchRounds {
-		n := b.N / benchRounds
-		if r == benchRounds-1 {
-			n = b.N - (benchRounds-1)*n
-		}
+		n := roundShare(b.N, r)
 		b.StartTimer()
 		dLocal += drive(b, n, benchCallers, func(int) error {
 			return timed(func(ctx context.Context) error {
@@ -254,10 +261,7 @@ func benchCallersWhere(b *testing.B, where string) {
 
 	var dLocal, dCluster time.Duration
 	for r := range benchRounds {
-		n := b.N / benchRounds
-		if r == benchRounds-1 {
-			n = b.N - (benchRounds-1)*n
-		}
+		n := roundShare(b.N, r)
 		b.StartTimer()
 		dLocal += drive(b, n, benchCallers, func(int) error {
 			return deliver(func(ctx context.Context) (string, error) { return inst.Deliver(ctx, local, msg) })
