@@ -69,10 +69,43 @@ func TestOwnersCallersAdmitDirectly(t *testing.T) {
 // messages may have been sent), not when the destination answers or at
 // their deadlines.
 func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
+	const n = 20
+	m, answers, free := heldDirectly(t, n)
+
+	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancelLeave()
+	left := make(chan error, 1)
+	go func() { left <- m.node.Leave(leaveCtx) }()
+	m.gone = true
+	giveUp := time.After(5 * time.Second)
+	for i := range n {
+		select {
+		case err := <-answers:
+			assert.ErrorIs(t, err, clustered.ErrUnreachable, "answer %d", i)
+			// By Leave itself, not by the cluster's shutdown after it
+			// (which drops this member: see TestCutOffOfItsOwnMemberAnswersDirectCallers).
+			assert.ErrorContains(t, err, "the node left before its owner answered", "answer %d", i)
+		case <-giveUp:
+			free()
+			t.Fatalf("only %d of %d callers were answered within 5 s of Leave giving up", i, n)
+		}
+	}
+	assert.ErrorIs(t, <-left, context.DeadlineExceeded)
+	free()
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelStop()
+	assert.NoError(t, m.inst.Stop(stopCtx))
+}
+
+// heldDirectly starts a one-member cluster whose destination "d" holds
+// every message until free is called, and n deliveries its own callers
+// admitted directly; each caller's error arrives on answers.
+func heldDirectly(t *testing.T, n int) (m *member, answers chan error, free func()) {
+	t.Helper()
 	release := make(chan struct{})
 	var hooked atomic.Int64 // held messages the destination has received
 	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
+	free = func() { once.Do(func() { close(release) }) }
 	o := memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
@@ -88,44 +121,44 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 		}
 		return c
 	}}
-	m := openedAlone(t, o)
+	m = openedAlone(t, o)
 	t.Cleanup(free)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 
-	const n = 20
 	before := m.node.DirectCalls()
-	answers := make(chan error, n)
+	answers = make(chan error, n)
 	for range n {
 		go func() {
 			_, err := m.node.Deliver(ctx, "d", codec.Message{Body: []byte("hold")})
 			answers <- err
 		}()
 	}
-	require.Eventually(t, func() bool { return hooked.Load()+int64(m.inst.Stats().Queued) == n }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return hooked.Load()+int64(m.inst.Stats().Queued) == int64(n) }, 10*time.Second, time.Millisecond,
 		"every held message is admitted")
 	require.Equal(t, uint64(n), m.node.DirectCalls()-before, "admitted directly: one call each")
+	return m, answers, free
+}
 
-	leaveCtx, cancelLeave := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancelLeave()
-	left := make(chan error, 1)
-	go func() { left <- m.node.Leave(leaveCtx) }()
-	m.gone = true
+// TestCutOffOfItsOwnMemberAnswersDirectCallers: when the member lists drop
+// the member itself, its callers whose deliveries it admitted directly are
+// answered at once, ErrUnreachable (the messages may have been sent), as a
+// caller waiting on any other member that left is.
+func TestCutOffOfItsOwnMemberAnswersDirectCallers(t *testing.T) {
+	const n = 10
+	m, answers, free := heldDirectly(t, n)
+	m.node.CutOff(m.system.Address())
 	giveUp := time.After(5 * time.Second)
 	for i := range n {
 		select {
 		case err := <-answers:
 			assert.ErrorIs(t, err, clustered.ErrUnreachable, "answer %d", i)
+			assert.ErrorContains(t, err, "its member left the cluster", "answer %d", i)
 		case <-giveUp:
-			free()
-			t.Fatalf("only %d of %d callers were answered within 5 s of Leave giving up", i, n)
+			t.Fatalf("only %d of %d callers were answered within 5 s of the cut-off", i, n)
 		}
 	}
-	assert.ErrorIs(t, <-left, context.DeadlineExceeded)
 	free()
-	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancelStop()
-	assert.NoError(t, m.inst.Stop(stopCtx))
 }
 
 // openedAlone starts a cluster of one member with o, and delivers to "d"

@@ -13,6 +13,9 @@ func (n *Node) Calls() uint32 {
 // directly.
 func (n *Node) DirectCalls() uint64 { return n.direct.added() }
 
+// CutOff gives up on address, as the member lists dropping it would.
+func (n *Node) CutOff(address string) { n.cutOff(address) }
+
 // OpenHere reports whether this member's own callers admit deliveries to
 // destination directly, now.
 func (n *Node) OpenHere(destination string) bool {
