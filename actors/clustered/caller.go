@@ -455,7 +455,7 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 		n.apply(undo)
 		return codec.Result{}, false, nil
 	}
-	c := newCall(n.system.Address(), false)
+	c := newCall("", false) // no target: directCalls, not calls.failMember, answers it
 	token, ok := n.direct.add(c)
 	if !ok {
 		// Leave gave up: nothing is sent.

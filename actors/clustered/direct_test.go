@@ -77,19 +77,9 @@ func TestLeaveGivingUpAnswersDirectCallers(t *testing.T) {
 	left := make(chan error, 1)
 	go func() { left <- m.node.Leave(leaveCtx) }()
 	m.gone = true
-	giveUp := time.After(5 * time.Second)
-	for i := range n {
-		select {
-		case err := <-answers:
-			assert.ErrorIs(t, err, clustered.ErrUnreachable, "answer %d", i)
-			// By Leave itself, not by the cluster's shutdown after it
-			// (which drops this member: see TestCutOffOfItsOwnMemberAnswersDirectCallers).
-			assert.ErrorContains(t, err, "the node left before its owner answered", "answer %d", i)
-		case <-giveUp:
-			free()
-			t.Fatalf("only %d of %d callers were answered within 5 s of Leave giving up", i, n)
-		}
-	}
+	// By Leave itself, not by the cluster's shutdown after it (which drops
+	// this member: see TestCutOffOfItsOwnMemberAnswersDirectCallers).
+	answeredUnreachable(t, answers, n, "the node left before its owner answered", "Leave giving up")
 	assert.ErrorIs(t, <-left, context.DeadlineExceeded)
 	free()
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), 10*time.Second)
@@ -148,17 +138,25 @@ func TestCutOffOfItsOwnMemberAnswersDirectCallers(t *testing.T) {
 	const n = 10
 	m, answers, free := heldDirectly(t, n)
 	m.node.CutOff(m.system.Address())
+	answeredUnreachable(t, answers, n, "its member left the cluster", "the cut-off")
+	free()
+}
+
+// answeredUnreachable takes n callers' errors from answers, each
+// ErrUnreachable saying why, within 5 s of the event that should answer
+// them.
+func answeredUnreachable(t *testing.T, answers <-chan error, n int, why, event string) {
+	t.Helper()
 	giveUp := time.After(5 * time.Second)
 	for i := range n {
 		select {
 		case err := <-answers:
 			assert.ErrorIs(t, err, clustered.ErrUnreachable, "answer %d", i)
-			assert.ErrorContains(t, err, "its member left the cluster", "answer %d", i)
+			assert.ErrorContains(t, err, why, "answer %d", i)
 		case <-giveUp:
-			t.Fatalf("only %d of %d callers were answered within 5 s of the cut-off", i, n)
+			t.Fatalf("only %d of %d callers were answered within 5 s of %s", i, n, event)
 		}
 	}
-	free()
 }
 
 // openedAlone starts a cluster of one member with o, and delivers to "d"
@@ -191,19 +189,7 @@ func TestCallersGetTheirOwnAnswerWhileOthersGiveUp(t *testing.T) {
 }
 
 func callersGetTheirOwnAnswer(t *testing.T, where string) {
-	o := memberOpts{codec: func(name string) codec.Codec {
-		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
-		c.Latency, c.Jitter, c.Discard = time.Millisecond, time.Millisecond, true
-		c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
-			res := make([]codec.Result, len(batch))
-			for i, m := range batch {
-				res[i].ID = string(m.Body)
-			}
-			return res, nil
-		}
-		return c
-	}}
-	ms := startTestCluster(t, 2, []string{"d"}, o)
+	ms := startTestCluster(t, 2, []string{"d"}, bodyIDs(time.Millisecond, nil))
 	owner, m := ownerOf(t, ms, "d")
 	if where == "owner" {
 		m = owner
