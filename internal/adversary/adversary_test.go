@@ -778,10 +778,17 @@ func (r *round) checkOrder(owner string, calls []*call) {
 // the seed to replay it, and adds the round's figures to tot.
 func (r *round) report(tot *totals) {
 	t := r.t
+	// A request goroutine may still run if Stop returned an error (its ctx
+	// is cancelled; begin checks that it is): read under the locks it takes.
 	requests := 0
 	for _, d := range r.dests {
+		d.mu.Lock()
 		requests += d.requests
+		d.mu.Unlock()
 	}
+	r.vmu.Lock()
+	r.reported = true
+	r.vmu.Unlock()
 	restarts := r.logs.count("sinkbatch: batcher crashed; restarting it")
 	idle := r.logs.count("sinkbatch: batcher stopped idle")
 	t.Logf("round %d: %d dests, %d callers, %d calls, %d answered, %d acked, %d requests, %d restarts (%d panics in Refused, %d in Listening), %d harmless Recorder panics, %d supervisor restarts, %d idle stops, quiesce %v, abandon %v, sampler %q: %v, Stop(%v) = %v, max %+v, outcomes %v; worst stall %v, late answers excused by stalls %d",

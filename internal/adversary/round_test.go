@@ -56,8 +56,9 @@ type round struct {
 	byBody map[string]*call
 	nextID atomic.Uint64
 
-	vmu  sync.Mutex
-	viol map[string]*violation
+	vmu      sync.Mutex
+	viol     map[string]*violation
+	reported bool // report has judged the round; later violations go to late
 
 	stalls  stalls
 	stray   atomic.Int64
@@ -100,6 +101,13 @@ type violation struct {
 func (r *round) violate(kind, format string, args ...any) {
 	r.vmu.Lock()
 	defer r.vmu.Unlock()
+	if r.reported {
+		// A request goroutine broke a promise after the round was judged
+		// (one that began before Stop returned with an error may still
+		// run): TestMain fails the run with it.
+		late.add(r.seed, kind, fmt.Sprintf(format, args...))
+		return
+	}
 	v := r.viol[kind]
 	if v == nil {
 		v = &violation{}
