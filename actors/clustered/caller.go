@@ -389,6 +389,11 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 		deadline = time.Now().Add(actors.DefaultTimeout)
 	}
 	q := queuedDelivery{deadline: deadline, message: m, parent: spanToWire(trace.SpanContextFromContext(ctx))}
+	// Refused wherever its caller is, so that the answer does not depend
+	// on which member owns the destination.
+	if size, most := wireSize(q), n.outboxes.budget; size > most {
+		return codec.Result{}, fmt.Errorf("%w: %d bytes (body, strings and attributes) cannot cross between cluster members, which take at most %d (half of Config.MaxWireBytes)", codec.ErrTooLarge, size, most)
+	}
 	backoff := minBackoff
 	for {
 		if r, admitted, err := n.here(ctx, deadline, destination, m); admitted {

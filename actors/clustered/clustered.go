@@ -44,7 +44,22 @@ type Config struct {
 	Destinations Destinations
 	// Logger receives the node's logs; nil: the actor system's logger.
 	Logger *slog.Logger
+	// MaxWireBytes is the largest gRPC message every member's remote
+	// accepts: gRPC's grpc.MaxRecvMsgSize, 4 MiB unless the members' remote
+	// configs raise it (remote.WithServerOptions). 0 means 4 MiB. The node
+	// keeps what it writes to a member under it: a batch of deliveries
+	// takes at most half of it, and the next batch takes the rest. A
+	// message that would not fit in half of it alone (its body, strings and
+	// attributes) is refused at once with an error that wraps
+	// codec.ErrTooLarge, wherever its caller is.
+	MaxWireBytes int
 }
+
+// defaultWireBytes is gRPC's default limit on a message a server receives.
+const defaultWireBytes = 4 << 20
+
+// minWireBytes is the least Config.MaxWireBytes New takes.
+const minWireBytes = 64 << 10
 
 var (
 	// ErrUnreachable answers a delivery whose destination's owner is
@@ -133,6 +148,12 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
 		}
 	}
+	switch {
+	case cfg.MaxWireBytes == 0:
+		cfg.MaxWireBytes = defaultWireBytes
+	case cfg.MaxWireBytes < minWireBytes:
+		return nil, fmt.Errorf("sinkbatch: clustered.Config.MaxWireBytes is %d; it must be 0 (gRPC's default, 4 MiB) or at least %d", cfg.MaxWireBytes, minWireBytes)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = system.Logger()
 	}
@@ -140,7 +161,11 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	n.calls.m = map[uint32]*call{}
 	n.outboxes.m = map[pidKey]*outbox{}
 	n.outboxes.pool = &pendingPool
+	// What a member receives at once: one batch of deliveries and one of
+	// answers from this member (see boxes), and protoactor's own messages.
+	n.outboxes.size, n.outboxes.budget = wireSize, cfg.MaxWireBytes/2
 	n.replies.m = map[pidKey]*replyBox{}
+	n.replies.size, n.replies.budget = replySize, cfg.MaxWireBytes/4
 	n.cut = map[string]time.Time{}
 	n.leftOK = map[string]bool{}
 	n.cache.m = map[string]*actor.PID{}

@@ -47,7 +47,17 @@
 // give or take the batch's transit. A delivery whose deadline passed before
 // its batch was written is not sent. The caller's span (the OpenTelemetry
 // span in Deliver's ctx) travels too: when the owner's instance traces, the
-// delivery's create span is its child.
+// delivery's create span is its child. Strings need not be UTF-8 (the codec
+// judges them, as in a local instance); an error's texts travel cut to 8 KiB.
+//
+// gRPC refuses a message above its receiver's limit (grpc.MaxRecvMsgSize,
+// 4 MiB by default) by dropping the connection, and everything on it. So a
+// member writes one batch of deliveries and one of answers at a time to
+// each other member, a batch of deliveries takes at most half of
+// Config.MaxWireBytes (the rest goes in the next), and a message too large
+// for that alone is refused at once, from every member, with an error that
+// wraps codec.ErrTooLarge. To carry larger messages (Pub/Sub takes 10 MB),
+// raise every member's grpc.MaxRecvMsgSize and set MaxWireBytes to it.
 
 // A caller retries by itself only what was certainly not admitted: a grain
 // that answered "not the owner", a grain that is gone (dead letter), a member

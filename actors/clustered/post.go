@@ -48,12 +48,30 @@ type queuedDelivery struct {
 // (a P) on its way to it: a node's deliveries for grains (outboxes), an
 // owner's answers for caller processes (replyBoxes). Safe for concurrent
 // use; boxes.mu may be held while calls.mu is taken, never the reverse.
+//
+// To another member, one post is on its way at a time (the gate), and a
+// post takes at most budget bytes: protoactor's endpoint writer puts all
+// its mailbox holds into one gRPC message, and the receiving member refuses
+// one above its limit (gRPC's default is 4 MiB) by dropping the connection,
+// and with it every delivery and answer on it. A box with items and no
+// post waits for the gate: taking a post opens it for the next box.
 type boxes[T any, P comparable] struct {
 	mu sync.Mutex
 	m  map[pidKey]*box[T, P]
 	// pool, if set, recycles the boxes' queues: a post that took one puts
 	// it back (recycle) once it has used it.
 	pool *sync.Pool
+	gate map[string]gated[P] // by address: the post on its way there
+	// size is an item's bytes on the wire, at most; budget the most a post
+	// to another member takes (it takes one item at least).
+	size   func(T) int
+	budget int
+}
+
+// gated is the post on its way to an address, and since when.
+type gated[P comparable] struct {
+	post P
+	at   time.Time
 }
 
 // box is the items queued for one process. Guarded by boxes.mu.
@@ -62,46 +80,129 @@ type box[T any, P comparable] struct {
 	pending  []T
 	posted   P // the post that will take pending; zero: none
 	postedAt time.Time
+	remote   bool               // on another member: behind the gate
+	newPost  func(*box[T, P]) P // makes a post for the box
 }
 
-// add queues item in k's box, and makes a post for it with newPost unless
-// one is on its way and not stalled; it returns that post, if any, with
-// the stalled post it replaces, if any.
-func (bs *boxes[T, P]) add(k pidKey, item T, now time.Time, newPost func(*box[T, P]) P) (post, stale P, made bool) {
+// add queues item in k's box (remote: on another member), and makes a post
+// for it with newPost unless one is on its way and not stalled, or the
+// gate to k's member is closed; it returns that post, if any, with the
+// stalled post it replaces, if any.
+func (bs *boxes[T, P]) add(k pidKey, remote bool, item T, now time.Time, newPost func(*box[T, P]) P) (post, stale P, made bool) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	b := bs.m[k]
 	if b == nil {
-		b = &box[T, P]{key: k}
+		b = &box[T, P]{key: k, remote: remote, newPost: newPost}
 		bs.m[k] = b
 	}
 	if b.pending == nil && bs.pool != nil {
 		b.pending = (*bs.pool.Get().(*[]T))[:0]
 	}
 	b.pending = append(b.pending, item)
-	var zero P
-	if b.posted == zero || now.Sub(b.postedAt) >= stalledPost {
-		post, stale = newPost(b), b.posted
-		b.posted, b.postedAt = post, now
-		return post, stale, true
+	if !bs.needsPost(b, now) || bs.closed(b, now) {
+		var zero P
+		return zero, zero, false
 	}
-	return zero, zero, false
+	post, stale = bs.post(b, now)
+	return post, stale, true
 }
 
-// take empties b; it is no longer posted if o was its post.
-func (bs *boxes[T, P]) take(b *box[T, P], o P) []T {
+// needsPost: b has items, and no post on its way that is not stalled.
+func (bs *boxes[T, P]) needsPost(b *box[T, P], now time.Time) bool {
+	var zero P
+	return len(b.pending) > 0 && (b.posted == zero || now.Sub(b.postedAt) >= stalledPost)
+}
+
+// closed: another post, not stalled, is on its way to b's member.
+func (bs *boxes[T, P]) closed(b *box[T, P], now time.Time) bool {
+	if !b.remote {
+		return false
+	}
+	g, ok := bs.gate[b.key.address]
+	return ok && g.post != b.posted && now.Sub(g.at) < stalledPost
+}
+
+// post makes b's post, which takes the gate to its member; it returns the
+// post and the stalled one it replaces, if any.
+func (bs *boxes[T, P]) post(b *box[T, P], now time.Time) (post, stale P) {
+	post, stale = b.newPost(b), b.posted
+	b.posted, b.postedAt = post, now
+	if b.remote {
+		if bs.gate == nil {
+			bs.gate = map[string]gated[P]{}
+		}
+		bs.gate[b.key.address] = gated[P]{post: post, at: now}
+	}
+	return post, stale
+}
+
+// take empties b, or takes of it as much as budget allows if capped; b is
+// no longer posted if o was its post. If o held the gate, the gate opens
+// for the next box to that member that waits for a post, whose post (and
+// the stalled one it replaces) take returns for the caller to send.
+func (bs *boxes[T, P]) take(b *box[T, P], o P, capped bool, now time.Time) (taken []T, next, stale P) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	taken := b.pending
+	taken = b.pending
 	b.pending = nil
+	if capped && bs.budget > 0 && len(taken) > 1 {
+		n, bytes := 1, bs.size(taken[0])
+		for n < len(taken) {
+			if bytes += bs.size(taken[n]); bytes > bs.budget {
+				break
+			}
+			n++
+		}
+		if n < len(taken) {
+			// The rest stays, in a queue of its own: taken goes back to
+			// the pool once used.
+			rest := taken[n:]
+			if bs.pool != nil {
+				b.pending = append((*bs.pool.Get().(*[]T))[:0], rest...)
+			} else {
+				b.pending = append([]T(nil), rest...)
+			}
+			clear(rest)
+			taken = taken[:n]
+		}
+	}
+	var zero P
 	if b.posted == o {
-		var zero P
 		b.posted = zero
-		if bs.m[b.key] == b {
+		if len(b.pending) == 0 && bs.m[b.key] == b {
 			delete(bs.m, b.key)
 		}
 	}
-	return taken
+	next, stale = bs.open(b, o, now)
+	return taken, next, stale
+}
+
+// open: if o, given up or taken, held the gate to b's member, the gate
+// opens, and the next box to that member that needs a post (b last) gets
+// one, which it returns with the stalled post it replaces.
+func (bs *boxes[T, P]) open(b *box[T, P], o P, now time.Time) (next, stale P) {
+	var zero P
+	if !b.remote {
+		return zero, zero
+	}
+	if g, ok := bs.gate[b.key.address]; !ok || g.post != o {
+		return zero, zero
+	}
+	delete(bs.gate, b.key.address)
+	var waiting *box[T, P]
+	for _, w := range bs.m {
+		if w.remote && w.key.address == b.key.address && bs.needsPost(w, now) {
+			waiting = w
+			if w != b {
+				break
+			}
+		}
+	}
+	if waiting == nil {
+		return zero, zero
+	}
+	return bs.post(waiting, now)
 }
 
 // recycle gives a queue take returned back to the pool, once used.
@@ -114,21 +215,23 @@ func (bs *boxes[T, P]) recycle(q []T) {
 }
 
 // abandon gives up o, which will not be taken: if o was its box's post, the
-// box goes and what it held is returned, never sent.
-func (bs *boxes[T, P]) abandon(b *box[T, P], o P) []T {
+// box goes and what it held is returned, never sent. Like take, it returns
+// the next post to b's member, if o held the gate.
+func (bs *boxes[T, P]) abandon(b *box[T, P], o P, now time.Time) (gone []T, next, stale P) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	if b.posted != o {
-		return nil
+		return nil, next, stale
 	}
 	if bs.m[b.key] == b {
 		delete(bs.m, b.key)
 	}
 	var zero P
 	b.posted = zero
-	taken := b.pending
+	gone = b.pending
 	b.pending = nil
-	return taken
+	next, stale = bs.open(b, o, now)
+	return gone, next, stale
 }
 
 // cut removes the boxes for processes on address (a member that left or
@@ -143,6 +246,11 @@ func (bs *boxes[T, P]) cut(address string) {
 			delete(bs.m, k)
 			b.posted = zero
 			b.pending = nil
+		}
+	}
+	for a := range bs.gate {
+		if address == "" || a == address {
+			delete(bs.gate, a)
 		}
 	}
 }
@@ -165,26 +273,38 @@ type outboxes = boxes[queuedDelivery, *outgoing]
 type outbox = box[queuedDelivery, *outgoing]
 
 // queueDelivery adds q to grain's outbox, and posts a batch message to
-// grain unless one is on its way.
+// grain unless one is on its way (or, to another member, the gate is
+// closed).
 func (n *Node) queueDelivery(grain *actor.PID, destination string, q queuedDelivery) {
-	post, stale, made := n.outboxes.add(pidKey{grain.Address, grain.Id}, q, time.Now(), func(ob *outbox) *outgoing {
+	remote := grain.Address != n.system.Address()
+	post, stale, made := n.outboxes.add(pidKey{grain.Address, grain.Id}, remote, q, time.Now(), func(ob *outbox) *outgoing {
 		post := &outgoing{n: n, box: ob, destination: destination}
-		post.call = n.calls.beginPost(grain.Address, post)
+		post.call = n.calls.beginPost(ob.key.address, post)
 		return post
 	})
 	if !made {
 		return
-	}
-	if stale != nil {
-		n.calls.end(stale.call)
 	}
 	// The post wakes the endpoint writer (or the grain), which would run
 	// next on this thread and take a batch of one while the callers that
 	// the same answers made runnable wait behind it. Let them queue first;
 	// when nothing else is runnable this returns at once.
 	runtime.Gosched()
+	n.sendPost(post, stale)
+}
+
+// sendPost sends post to its grain, ending the call of the stalled post it
+// replaces, if any. A nil post is nothing to send.
+func (n *Node) sendPost(post, stale *outgoing) {
+	if stale != nil {
+		n.calls.end(stale.call)
+	}
+	if post == nil {
+		return
+	}
 	self := n.PID()
-	n.system.Root.RequestWithCustomSender(grain, post, &actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
+	n.system.Root.RequestWithCustomSender(actor.NewPID(post.box.key.address, post.box.key.id), post,
+		&actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
 }
 
 // abandonGrain gives up the post to grain, a grain of this member that is
@@ -196,7 +316,9 @@ func (n *Node) abandonGrain(grain *actor.PID) []queuedDelivery {
 		return nil
 	}
 	n.calls.end(post.call)
-	return n.outboxes.abandon(post.box, post)
+	gone, next, stale := n.outboxes.abandon(post.box, post, time.Now())
+	n.sendPost(next, stale)
+	return gone
 }
 
 // outgoing is a batch message posted to a grain: it carries what its
@@ -209,12 +331,15 @@ type outgoing struct {
 	call        uint32 // the RequestId of its sender PID
 }
 
-// take is the batch o carries, emptying its outbox; a delivery whose
-// caller stopped waiting, or whose deadline passed, stays out.
+// take is the batch o carries, emptying its outbox (to another member, as
+// much of it as a post's budget allows; the rest goes in the next post); a
+// delivery whose caller stopped waiting, or whose deadline passed, stays
+// out.
 func (o *outgoing) take() *clusterpb.DeliverBatch {
 	n := o.n
 	now := time.Now()
-	all := n.outboxes.take(o.box, o)
+	all, next, stale := n.outboxes.take(o.box, o, o.box.remote, now)
+	n.sendPost(next, stale)
 	// Even an empty batch goes through carry, which ends its call.
 	queued := n.calls.carry(o.call, all, now)
 	b := &clusterpb.DeliverBatch{Destination: o.destination, Requests: make([]*clusterpb.DeliverRequest, len(queued))}
@@ -272,26 +397,34 @@ func (n *Node) reply(to *actor.PID, r *clusterpb.DeliverReply) {
 }
 
 // queueReply adds r to the box of to, and posts a DeliverReplies to it
-// unless one is on its way.
+// unless one is on its way (or the gate to its member is closed).
 func (n *Node) queueReply(to *actor.PID, r *clusterpb.DeliverReply) {
-	post, stale, made := n.replies.add(pidKey{to.Address, to.Id}, r, time.Now(), func(rb *replyBox) *outgoingReplies {
+	post, stale, made := n.replies.add(pidKey{to.Address, to.Id}, true, r, time.Now(), func(rb *replyBox) *outgoingReplies {
 		post := &outgoingReplies{n: n, box: rb}
-		post.call = n.calls.beginPost(to.Address, post)
+		post.call = n.calls.beginPost(rb.key.address, post)
 		return post
 	})
-	if !made {
-		return
+	if made {
+		n.sendReplies(post, stale)
 	}
+}
+
+// sendReplies is sendPost for answers.
+func (n *Node) sendReplies(post, stale *outgoingReplies) {
 	if stale != nil {
 		n.calls.end(stale.call)
 	}
+	if post == nil {
+		return
+	}
 	self := n.PID()
-	n.system.Root.RequestWithCustomSender(actor.NewPID(to.Address, to.Id), post,
+	n.system.Root.RequestWithCustomSender(actor.NewPID(post.box.key.address, post.box.key.id), post,
 		&actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
 }
 
 // outgoingReplies is a DeliverReplies posted to a caller process on another
-// member: it carries what its box holds when it is written.
+// member: it carries what its box holds when it is written, as much as a
+// post's budget allows.
 type outgoingReplies struct {
 	n    *Node
 	box  *replyBox
@@ -300,8 +433,9 @@ type outgoingReplies struct {
 
 // Serialize is called by protoactor's endpoint writer as it writes o.
 func (o *outgoingReplies) Serialize() (remote.RootSerialized, error) {
-	replies := o.n.replies.take(o.box, o)
+	replies, next, stale := o.n.replies.take(o.box, o, true, time.Now())
 	o.n.calls.end(o.call)
+	o.n.sendReplies(next, stale)
 	return wireReplies{&clusterpb.DeliverReplies{Replies: replies}}, nil
 }
 
@@ -327,11 +461,14 @@ func (n *Node) onAnswer(id uint32, msg any) {
 	}
 	switch p := post.(type) {
 	case *outgoing:
-		n.calls.failQueued(n.outboxes.abandon(p.box, p), msg)
+		gone, next, stale := n.outboxes.abandon(p.box, p, time.Now())
+		n.calls.failQueued(gone, msg)
+		n.sendPost(next, stale)
 	case *outgoingReplies:
 		// The caller's member cannot be reached: the answers are dropped,
 		// and their callers answered ErrUnreachable.
-		n.replies.abandon(p.box, p)
+		_, next, stale := n.replies.abandon(p.box, p, time.Now())
+		n.sendReplies(next, stale)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
@@ -43,7 +44,7 @@ func encodeError(err error) *clusterpb.Error {
 	if err == nil {
 		return nil
 	}
-	w := &clusterpb.Error{Text: err.Error(), Permanent: codec.IsPermanent(err)}
+	w := &clusterpb.Error{Text: clip(err.Error()), Permanent: codec.IsPermanent(err)}
 	for _, s := range sentinels {
 		if errors.Is(err, s.err) {
 			w.Sentinels = append(w.Sentinels, s.wire)
@@ -55,7 +56,7 @@ func encodeError(err error) *clusterpb.Error {
 	}
 	var ee *codec.EntryError
 	if errors.As(err, &ee) {
-		w.Entry = &clusterpb.EntryError{Code: ee.Code, Message: ee.Message, Permanent: ee.Permanent, Throttled: ee.Throttled}
+		w.Entry = &clusterpb.EntryError{Code: clip(ee.Code), Message: clip(ee.Message), Permanent: ee.Permanent, Throttled: ee.Throttled}
 	}
 	var gp *messages.GroupPausedError
 	if errors.As(err, &gp) {
@@ -141,6 +142,41 @@ func (e *remoteError) As(target any) bool {
 
 // PermanentFailure carries codec.IsPermanent's answer on the owner.
 func (e *remoteError) PermanentFailure() bool { return e.permanent }
+
+// wireSize is the most bytes q takes in a DeliverBatch: its fields, their
+// tags and lengths, its budget, call and parent span.
+func wireSize(q queuedDelivery) int {
+	m := &q.message
+	n := 96 + len(m.Body) + len(m.Tenant) + len(m.Group) + len(m.IdempotencyKey) + len(m.Trace.Parent) + len(m.Trace.State)
+	for k, v := range m.Attributes {
+		n += 16 + len(k) + len(v)
+	}
+	if q.parent != nil {
+		n += len(q.parent.State)
+	}
+	return n
+}
+
+// replySize is the most bytes r takes in a DeliverReplies.
+func replySize(r *clusterpb.DeliverReply) int {
+	n := 32 + len(r.Id) + len(r.Sequence)
+	if r.Error != nil {
+		n += 8 + proto.Size(r.Error)
+	}
+	return n
+}
+
+// maxErrorText bounds the texts of an error on the wire: a codec's error
+// may quote a whole response, and answers share a budget (see boxes).
+const maxErrorText = 8 << 10
+
+// clip is s, cut to maxErrorText bytes.
+func clip(s string) string {
+	if len(s) <= maxErrorText {
+		return s
+	}
+	return s[:maxErrorText] + " [cut]"
+}
 
 // toWire fills r with m.
 func toWire(r *clusterpb.DeliverRequest, m codec.Message) {
