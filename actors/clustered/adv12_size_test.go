@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -139,4 +140,19 @@ func TestAdv12TooLargeForTheWireIsRefusedAtOnce(t *testing.T) {
 	}
 	_, err := clustered.New(ms[0].system, clustered.Config{Instance: ms[0].inst, Destinations: clustered.Destinations{"x": bigCodec(0)("x")}, MaxWireBytes: 1000})
 	require.ErrorContains(t, err, "MaxWireBytes")
+}
+
+// With every member's limit raised (ReceiveLimit, with TLS as the package
+// doc advises) and MaxWireBytes set to it, larger messages cross.
+func TestAdv12RaisedLimitCarriesLargerMessages(t *testing.T) {
+	const limit = 24 << 20
+	ca := newAuthority(t, "cluster")
+	tlsOpts := clustered.TLSOptions(clustered.MutualTLS(ca.pool, ca.member(t, 2), "sinkbatch-cluster"))
+	// ReceiveLimit before the TLS options, to show that neither replaces
+	// the other.
+	ms := startTestCluster(t, 2, []string{"dest"}, memberOpts{codec: bigCodec(0), wire: limit,
+		remote: append([]remote.ConfigOption{clustered.ReceiveLimit(limit)}, tlsOpts...)})
+	_, from := ownerOf(t, ms, "dest")
+	wrong := deliverAll(t, from, []string{"dest"}, []codec.Message{{Body: make([]byte, 5<<20)}, {Body: make([]byte, 9<<20)}}, 4, 2, succeeded)
+	assert.Empty(t, wrong)
 }

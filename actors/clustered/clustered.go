@@ -45,8 +45,8 @@ type Config struct {
 	// Logger receives the node's logs; nil: the actor system's logger.
 	Logger *slog.Logger
 	// MaxWireBytes is the largest gRPC message every member's remote
-	// accepts: gRPC's grpc.MaxRecvMsgSize, 4 MiB unless the members' remote
-	// configs raise it (remote.WithServerOptions). 0 means 4 MiB. The node
+	// accepts: gRPC's grpc.MaxRecvMsgSize, 4 MiB unless every member's
+	// remote config raises it (ReceiveLimit). 0 means 4 MiB. The node
 	// keeps what it writes to a member under it: a batch of deliveries
 	// takes at most half of it, and the next batch takes the rest. A
 	// message that would not fit in half of it alone (its body, strings and

@@ -57,7 +57,7 @@
 // Config.MaxWireBytes (the rest goes in the next), and a message too large
 // for that alone is refused at once, from every member, with an error that
 // wraps codec.ErrTooLarge. To carry larger messages (Pub/Sub takes 10 MB),
-// raise every member's grpc.MaxRecvMsgSize and set MaxWireBytes to it.
+// give every member's remote ReceiveLimit(n) and set MaxWireBytes to n.
 
 // A caller retries by itself only what was certainly not admitted: a grain
 // that answered "not the owner", a grain that is gone (dead letter), a member

@@ -59,6 +59,8 @@ type memberOpts struct {
 	codec func(name string) codec.Codec
 	// tracer, if set, makes the member's instance trace.
 	tracer trace.TracerProvider
+	// wire is the node's Config.MaxWireBytes.
+	wire int
 }
 
 // startMember starts one member whose destinations are names, each a fake
@@ -82,7 +84,7 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 		m.codecs[name] = c
 		dests[name] = c
 	}
-	m.node, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: logger})
+	m.node, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: logger, MaxWireBytes: o.wire})
 	require.NoError(t, err)
 	host := o.host
 	if host == "" {

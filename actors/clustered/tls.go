@@ -44,9 +44,23 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 	server.ClientAuth = tls.RequireAndVerifyClientCert
 	client := cfg.Clone()
 	return []remote.ConfigOption{
-		remote.WithServerOptions(grpc.Creds(credentials.NewTLS(server))),
+		addServerOptions(grpc.Creds(credentials.NewTLS(server))),
 		remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(client))),
 	}
+}
+
+// ReceiveLimit is the option that makes protoactor's remote accept gRPC
+// messages of up to n bytes (gRPC's default is 4 MiB): pass it to
+// remote.Configure on every member, and set Config.MaxWireBytes to the same
+// n. Like TLSOptions' server option it adds to the server options given
+// before it; remote.WithServerOptions, given after either, replaces them.
+func ReceiveLimit(n int) remote.ConfigOption {
+	return addServerOptions(grpc.MaxRecvMsgSize(n))
+}
+
+// addServerOptions adds opts to the remote's gRPC server options.
+func addServerOptions(opts ...grpc.ServerOption) remote.ConfigOption {
+	return func(c *remote.Config) { c.ServerOptions = append(c.ServerOptions, opts...) }
 }
 
 // servesPlaintext reports whether the gRPC server at address answers
