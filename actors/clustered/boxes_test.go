@@ -98,6 +98,23 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 		assert.True(t, made)
 	})
 
+	t.Run("a replaced post takes nothing; its replacement takes the box", func(t *testing.T) {
+		bs := testBoxes(100)
+		old, _, _ := bs.add(a, true, 60, now, newTestPost)
+		later := now.Add(stalledPost)
+		p, stale, made := bs.add(a, true, 60, later, newTestPost)
+		require.True(t, made)
+		assert.Same(t, old, stale)
+		taken, next, _ := bs.take(bs.m[a], old, true, later)
+		assert.Empty(t, taken, "the stalled post, written late, carries nothing")
+		assert.Nil(t, next, "and does not open the gate its replacement holds")
+		taken, next, _ = bs.take(bs.m[a], p, true, later)
+		assert.Equal(t, []int{60}, taken, "one budget at a time")
+		require.NotNil(t, next)
+		taken, _, _ = bs.take(bs.m[a], next, true, later)
+		assert.Equal(t, []int{60}, taken)
+	})
+
 	t.Run("a member cut off leaves no gate", func(t *testing.T) {
 		bs := testBoxes(100)
 		bs.add(a, true, 1, now, newTestPost)

@@ -296,7 +296,10 @@ func (n *Node) cutSince(address string, t time.Time) bool {
 // wire, plus ErrUnreachable and ErrUnknownDestination. It waits at most
 // until the deadline ctx reports (kept by a timer of its own, whether or not
 // ctx's Done keeps it), or actors.DefaultTimeout when ctx has none; ctx's
-// cancellation ends it sooner.
+// cancellation ends it sooner. As with actors.Instance.Deliver, m's Body
+// and Attributes are read until m's batch is written to its owner (or its
+// request ended, on the owner itself), which can be after Deliver returned
+// on a cancelled ctx: do not change them after the call.
 func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message) (string, error) {
 	r, err := n.DeliverResult(ctx, destination, m)
 	return r.ID, err

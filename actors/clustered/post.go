@@ -29,8 +29,8 @@ import (
 // before the next delivery queued behind it posts another. protoactor drops
 // without a word the messages left in the mailbox of an actor that stops
 // (a grain, an endpoint writer); the loss of a connection or a member is
-// seen sooner (Node.onCut, Node.onTopology). A post taken late finds its box
-// empty and goes as an empty batch.
+// seen sooner (Node.onCut, Node.onTopology). A post taken after it was
+// replaced takes nothing and goes as an empty batch.
 const stalledPost = time.Second
 
 // pidKey is a process's address and id: a PID without its request id.
@@ -137,13 +137,19 @@ func (bs *boxes[T, P]) post(b *box[T, P], now time.Time) (post, stale P) {
 	return post, stale
 }
 
-// take empties b, or takes of it as much as budget allows if capped; b is
-// no longer posted if o was its post. If o held the gate, the gate opens
+// take empties b, or takes of it as much as budget allows if capped, if o
+// is its post; b is then no longer posted. If o held the gate, the gate opens
 // for the next box to that member that waits for a post, whose post (and
 // the stalled one it replaces) take returns for the caller to send.
 func (bs *boxes[T, P]) take(b *box[T, P], o P, capped bool, now time.Time) (taken []T, next, stale P) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
+	if b.posted != o {
+		// A stalled post, replaced: the post that replaced it, behind it
+		// in the same mailbox, takes the box, so that one post carries it
+		// (and one budget's worth goes to the member at once).
+		return nil, next, stale
+	}
 	taken = b.pending
 	b.pending = nil
 	if capped && bs.budget > 0 && len(taken) > 1 {
@@ -168,11 +174,9 @@ func (bs *boxes[T, P]) take(b *box[T, P], o P, capped bool, now time.Time) (take
 		}
 	}
 	var zero P
-	if b.posted == o {
-		b.posted = zero
-		if len(b.pending) == 0 && bs.m[b.key] == b {
-			delete(bs.m, b.key)
-		}
+	b.posted = zero
+	if len(b.pending) == 0 && bs.m[b.key] == b {
+		delete(bs.m, b.key)
 	}
 	next, stale = bs.open(b, o, now)
 	return taken, next, stale
