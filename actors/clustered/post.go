@@ -294,21 +294,30 @@ func (n *Node) queueDelivery(grain *actor.PID, destination string, q queuedDeliv
 	// the same answers made runnable wait behind it. Let them queue first;
 	// when nothing else is runnable this returns at once.
 	runtime.Gosched()
-	n.sendPost(post, stale)
+	sendPost(n, post, stale)
 }
 
-// sendPost sends post to its grain, ending the call of the stalled post it
-// replaces, if any. A nil post is nothing to send.
-func (n *Node) sendPost(post, stale *outgoing) {
-	if stale != nil {
-		n.calls.end(stale.call)
+// sendable is what sendPost needs of a post: its process and call number.
+type sendable interface {
+	comparable
+	to() pidKey
+	id() uint32
+}
+
+// sendPost sends p to its process (a grain, or a caller process for
+// answers), ending the call of the stalled post it replaces, if any. A nil
+// p is nothing to send.
+func sendPost[P sendable](n *Node, p, stale P) {
+	var zero P
+	if stale != zero {
+		n.calls.end(stale.id())
 	}
-	if post == nil {
+	if p == zero {
 		return
 	}
-	self := n.PID()
-	n.system.Root.RequestWithCustomSender(actor.NewPID(post.box.key.address, post.box.key.id), post,
-		&actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
+	k, self := p.to(), n.PID()
+	n.system.Root.RequestWithCustomSender(actor.NewPID(k.address, k.id), p,
+		&actor.PID{Address: self.Address, Id: self.Id, RequestId: p.id()})
 }
 
 // abandonGrain gives up the post to grain, a grain of this member that is
@@ -321,7 +330,7 @@ func (n *Node) abandonGrain(grain *actor.PID) []queuedDelivery {
 	}
 	n.calls.end(post.call)
 	gone, next, stale := n.outboxes.abandon(post.box, post, time.Now())
-	n.sendPost(next, stale)
+	sendPost(n, next, stale)
 	return gone
 }
 
@@ -335,6 +344,9 @@ type outgoing struct {
 	call        uint32 // the RequestId of its sender PID
 }
 
+func (o *outgoing) to() pidKey { return o.box.key }
+func (o *outgoing) id() uint32 { return o.call }
+
 // take is the batch o carries, emptying its outbox (to another member, as
 // much of it as a post's budget allows; the rest goes in the next post); a
 // delivery whose caller stopped waiting, or whose deadline passed, stays
@@ -343,7 +355,7 @@ func (o *outgoing) take() *clusterpb.DeliverBatch {
 	n := o.n
 	now := time.Now()
 	all, next, stale := n.outboxes.take(o.box, o, o.box.remote, now)
-	n.sendPost(next, stale)
+	sendPost(n, next, stale)
 	// Even an empty batch goes through carry, which ends its call.
 	queued := n.calls.carry(o.call, all, now)
 	b := &clusterpb.DeliverBatch{Destination: o.destination, Requests: make([]*clusterpb.DeliverRequest, len(queued))}
@@ -409,21 +421,8 @@ func (n *Node) queueReply(to *actor.PID, r *clusterpb.DeliverReply) {
 		return post
 	})
 	if made {
-		n.sendReplies(post, stale)
+		sendPost(n, post, stale)
 	}
-}
-
-// sendReplies is sendPost for answers.
-func (n *Node) sendReplies(post, stale *outgoingReplies) {
-	if stale != nil {
-		n.calls.end(stale.call)
-	}
-	if post == nil {
-		return
-	}
-	self := n.PID()
-	n.system.Root.RequestWithCustomSender(actor.NewPID(post.box.key.address, post.box.key.id), post,
-		&actor.PID{Address: self.Address, Id: self.Id, RequestId: post.call})
 }
 
 // outgoingReplies is a DeliverReplies posted to a caller process on another
@@ -435,11 +434,14 @@ type outgoingReplies struct {
 	call uint32
 }
 
+func (o *outgoingReplies) to() pidKey { return o.box.key }
+func (o *outgoingReplies) id() uint32 { return o.call }
+
 // Serialize is called by protoactor's endpoint writer as it writes o.
 func (o *outgoingReplies) Serialize() (remote.RootSerialized, error) {
 	replies, next, stale := o.n.replies.take(o.box, o, true, time.Now())
 	o.n.calls.end(o.call)
-	o.n.sendReplies(next, stale)
+	sendPost(o.n, next, stale)
 	return wireReplies{&clusterpb.DeliverReplies{Replies: replies}}, nil
 }
 
@@ -467,12 +469,12 @@ func (n *Node) onAnswer(id uint32, msg any) {
 	case *outgoing:
 		gone, next, stale := n.outboxes.abandon(p.box, p, time.Now())
 		n.calls.failQueued(gone, msg)
-		n.sendPost(next, stale)
+		sendPost(n, next, stale)
 	case *outgoingReplies:
 		// The caller's member cannot be reached: the answers are dropped,
 		// and their callers answered ErrUnreachable.
 		_, next, stale := n.replies.abandon(p.box, p, time.Now())
-		n.sendReplies(next, stale)
+		sendPost(n, next, stale)
 	}
 }
 
