@@ -12,7 +12,7 @@ import (
 type testPost struct{ to string }
 
 func testBoxes(budget int) *boxes[int, *testPost] {
-	return &boxes[int, *testPost]{m: map[pidKey]*box[int, *testPost]{}, size: func(v int) int { return v }, budget: budget}
+	return &boxes[int, *testPost]{m: map[pidKey]*box[int, *testPost]{}, size: func(v int) int { return v }, budget: budget, newPost: newTestPost}
 }
 
 func newTestPost(b *box[int, *testPost]) *testPost { return &testPost{to: b.key.id} }
@@ -25,13 +25,13 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 
 	t.Run("one post on its way per member, and the next when it is taken", func(t *testing.T) {
 		bs := testBoxes(100)
-		pa, _, made := bs.add(a, true, 1, now, newTestPost)
+		pa, _, made := bs.add(a, true, "", 1, now)
 		require.True(t, made)
-		_, _, made = bs.add(b, true, 2, now, newTestPost)
+		_, _, made = bs.add(b, true, "", 2, now)
 		assert.False(t, made, "b waits: a's post is on its way to m1")
-		_, _, made = bs.add(a, true, 3, now, newTestPost)
+		_, _, made = bs.add(a, true, "", 3, now)
 		assert.False(t, made, "a's post will take it")
-		pc, _, made := bs.add(c, true, 4, now, newTestPost)
+		pc, _, made := bs.add(c, true, "", 4, now)
 		require.True(t, made, "another member has a gate of its own")
 		taken, next, stale := bs.take(bs.m[a], pa, true, now)
 		assert.Equal(t, []int{1, 3}, taken)
@@ -49,9 +49,9 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 
 	t.Run("a post takes at most the budget, and at least one item", func(t *testing.T) {
 		bs := testBoxes(100)
-		p, _, _ := bs.add(a, true, 150, now, newTestPost)
+		p, _, _ := bs.add(a, true, "", 150, now)
 		for _, v := range []int{40, 40, 30, 10} {
-			bs.add(a, true, v, now, newTestPost)
+			bs.add(a, true, "", v, now)
 		}
 		taken, next, _ := bs.take(bs.m[a], p, true, now)
 		assert.Equal(t, []int{150}, taken, "one item above the budget goes alone")
@@ -67,24 +67,24 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 
 	t.Run("uncapped takes all", func(t *testing.T) {
 		bs := testBoxes(10)
-		p, _, _ := bs.add(a, false, 40, now, newTestPost)
-		bs.add(a, false, 40, now, newTestPost)
+		p, _, _ := bs.add(a, false, "", 40, now)
+		bs.add(a, false, "", 40, now)
 		taken, _, _ := bs.take(bs.m[a], p, false, now)
 		assert.Equal(t, []int{40, 40}, taken)
 	})
 
 	t.Run("boxes on this member have no gate", func(t *testing.T) {
 		bs := testBoxes(100)
-		_, _, made := bs.add(a, false, 1, now, newTestPost)
+		_, _, made := bs.add(a, false, "", 1, now)
 		require.True(t, made)
-		_, _, made = bs.add(b, false, 1, now, newTestPost)
+		_, _, made = bs.add(b, false, "", 1, now)
 		assert.True(t, made)
 	})
 
 	t.Run("a post given up opens the gate", func(t *testing.T) {
 		bs := testBoxes(100)
-		pa, _, _ := bs.add(a, true, 1, now, newTestPost)
-		bs.add(b, true, 2, now, newTestPost)
+		pa, _, _ := bs.add(a, true, "", 1, now)
+		bs.add(b, true, "", 2, now)
 		gone, next, _ := bs.abandon(bs.m[a], pa, now)
 		assert.Equal(t, []int{1}, gone)
 		require.NotNil(t, next)
@@ -93,16 +93,16 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 
 	t.Run("a stalled post does not hold the gate", func(t *testing.T) {
 		bs := testBoxes(100)
-		bs.add(a, true, 1, now, newTestPost)
-		_, _, made := bs.add(b, true, 2, now.Add(stalledPost), newTestPost)
+		bs.add(a, true, "", 1, now)
+		_, _, made := bs.add(b, true, "", 2, now.Add(stalledPost))
 		assert.True(t, made)
 	})
 
 	t.Run("a replaced post takes nothing; its replacement takes the box", func(t *testing.T) {
 		bs := testBoxes(100)
-		old, _, _ := bs.add(a, true, 60, now, newTestPost)
+		old, _, _ := bs.add(a, true, "", 60, now)
 		later := now.Add(stalledPost)
-		p, stale, made := bs.add(a, true, 60, later, newTestPost)
+		p, stale, made := bs.add(a, true, "", 60, later)
 		require.True(t, made)
 		assert.Same(t, old, stale)
 		taken, next, _ := bs.take(bs.m[a], old, true, later)
@@ -117,9 +117,9 @@ func TestBoxesKeepOnePostOnItsWayToAMember(t *testing.T) {
 
 	t.Run("a member cut off leaves no gate", func(t *testing.T) {
 		bs := testBoxes(100)
-		bs.add(a, true, 1, now, newTestPost)
+		bs.add(a, true, "", 1, now)
 		bs.cut("m1")
-		_, _, made := bs.add(b, true, 2, now, newTestPost)
+		_, _, made := bs.add(b, true, "", 2, now)
 		assert.True(t, made)
 	})
 }

@@ -163,9 +163,9 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	n.outboxes.pool = &pendingPool
 	// What a member receives at once: one batch of deliveries and one of
 	// answers from this member (see boxes), and protoactor's own messages.
-	n.outboxes.size, n.outboxes.budget = wireSize, cfg.MaxWireBytes/2
+	n.outboxes.size, n.outboxes.budget, n.outboxes.newPost = wireSize, cfg.MaxWireBytes/2, n.newOutgoing
 	n.replies.m = map[pidKey]*replyBox{}
-	n.replies.size, n.replies.budget = replySize, cfg.MaxWireBytes/4
+	n.replies.size, n.replies.budget, n.replies.newPost = replySize, cfg.MaxWireBytes/4, n.newOutgoingReplies
 	n.cut = map[string]time.Time{}
 	n.leftOK = map[string]bool{}
 	n.cache.m = map[string]*actor.PID{}

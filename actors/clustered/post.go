@@ -66,6 +66,8 @@ type boxes[T any, P comparable] struct {
 	// to another member takes (it takes one item at least).
 	size   func(T) int
 	budget int
+	// newPost makes a post for a box.
+	newPost func(*box[T, P]) P
 }
 
 // gated is the post on its way to an address, and since when.
@@ -80,20 +82,20 @@ type box[T any, P comparable] struct {
 	pending  []T
 	posted   P // the post that will take pending; zero: none
 	postedAt time.Time
-	remote   bool               // on another member: behind the gate
-	newPost  func(*box[T, P]) P // makes a post for the box
+	remote   bool   // on another member: behind the gate
+	label    string // what its posts carry besides the items: an outbox's destination
 }
 
-// add queues item in k's box (remote: on another member), and makes a post
-// for it with newPost unless one is on its way and not stalled, or the
+// add queues item in k's box (remote: on another member; label: see box),
+// and makes a post for it unless one is on its way and not stalled, or the
 // gate to k's member is closed; it returns that post, if any, with the
 // stalled post it replaces, if any.
-func (bs *boxes[T, P]) add(k pidKey, remote bool, item T, now time.Time, newPost func(*box[T, P]) P) (post, stale P, made bool) {
+func (bs *boxes[T, P]) add(k pidKey, remote bool, label string, item T, now time.Time) (post, stale P, made bool) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	b := bs.m[k]
 	if b == nil {
-		b = &box[T, P]{key: k, remote: remote, newPost: newPost}
+		b = &box[T, P]{key: k, remote: remote, label: label}
 		bs.m[k] = b
 	}
 	if b.pending == nil && bs.pool != nil {
@@ -126,7 +128,7 @@ func (bs *boxes[T, P]) closed(b *box[T, P], now time.Time) bool {
 // post makes b's post, which takes the gate to its member; it returns the
 // post and the stalled one it replaces, if any.
 func (bs *boxes[T, P]) post(b *box[T, P], now time.Time) (post, stale P) {
-	post, stale = b.newPost(b), b.posted
+	post, stale = bs.newPost(b), b.posted
 	b.posted, b.postedAt = post, now
 	if b.remote {
 		if bs.gate == nil {
@@ -281,11 +283,7 @@ type outbox = box[queuedDelivery, *outgoing]
 // closed).
 func (n *Node) queueDelivery(grain *actor.PID, destination string, q queuedDelivery) {
 	remote := grain.Address != n.system.Address()
-	post, stale, made := n.outboxes.add(pidKey{grain.Address, grain.Id}, remote, q, time.Now(), func(ob *outbox) *outgoing {
-		post := &outgoing{n: n, box: ob, destination: destination}
-		post.call = n.calls.beginPost(ob.key.address, post)
-		return post
-	})
+	post, stale, made := n.outboxes.add(pidKey{grain.Address, grain.Id}, remote, destination, q, time.Now())
 	if !made {
 		return
 	}
@@ -332,6 +330,13 @@ func (n *Node) abandonGrain(grain *actor.PID) []queuedDelivery {
 	gone, next, stale := n.outboxes.abandon(post.box, post, time.Now())
 	sendPost(n, next, stale)
 	return gone
+}
+
+// newOutgoing is the next post of an outbox.
+func (n *Node) newOutgoing(ob *outbox) *outgoing {
+	post := &outgoing{n: n, box: ob, destination: ob.label}
+	post.call = n.calls.beginPost(ob.key.address, post)
+	return post
 }
 
 // outgoing is a batch message posted to a grain: it carries what its
@@ -415,14 +420,17 @@ func (n *Node) reply(to *actor.PID, r *clusterpb.DeliverReply) {
 // queueReply adds r to the box of to, and posts a DeliverReplies to it
 // unless one is on its way (or the gate to its member is closed).
 func (n *Node) queueReply(to *actor.PID, r *clusterpb.DeliverReply) {
-	post, stale, made := n.replies.add(pidKey{to.Address, to.Id}, true, r, time.Now(), func(rb *replyBox) *outgoingReplies {
-		post := &outgoingReplies{n: n, box: rb}
-		post.call = n.calls.beginPost(rb.key.address, post)
-		return post
-	})
+	post, stale, made := n.replies.add(pidKey{to.Address, to.Id}, true, "", r, time.Now())
 	if made {
 		sendPost(n, post, stale)
 	}
+}
+
+// newOutgoingReplies is the next post of a reply box.
+func (n *Node) newOutgoingReplies(rb *replyBox) *outgoingReplies {
+	post := &outgoingReplies{n: n, box: rb}
+	post.call = n.calls.beginPost(rb.key.address, post)
+	return post
 }
 
 // outgoingReplies is a DeliverReplies posted to a caller process on another
