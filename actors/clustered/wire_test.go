@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,4 +125,41 @@ func TestMessageRoundTrip(t *testing.T) {
 	var w clusterpb.DeliverRequest
 	require.NoError(t, proto.Unmarshal(b, &w))
 	assert.Equal(t, m, fromWire(&w))
+}
+
+// wireSize and replySize are upper bounds of what a delivery and an answer
+// take in their batch messages, which the budgets of boxes rely on: tried
+// with every field at its widest encoding (lengths of 2 and 3 bytes, a
+// negative budget, the largest call number, a full parent span).
+func TestWireSizesBoundTheEncoding(t *testing.T) {
+	long := strings.Repeat("s", 300)
+	huge := make([]byte, 3<<20)
+	span := &clusterpb.SpanContext{TraceId: make([]byte, 16), SpanId: make([]byte, 8), Flags: math.MaxUint32, State: long}
+	attrs := map[string]string{}
+	for i := range 100 {
+		attrs[fmt.Sprint(long, i)] = long
+	}
+	for _, q := range []queuedDelivery{
+		{},
+		{call: math.MaxUint32, deadline: time.Now().Add(-time.Hour), parent: span, message: codec.Message{
+			Tenant: long, Group: long, IdempotencyKey: long, Body: huge,
+			Trace: codec.TraceContext{Parent: long, State: long},
+		}},
+		{call: 1, deadline: time.Now().Add(time.Hour), message: codec.Message{Body: huge, Attributes: attrs}},
+		{call: 1, deadline: time.Now().Add(time.Hour), message: codec.Message{Body: []byte("x"), Attributes: map[string]string{"": ""}}},
+	} {
+		r := &clusterpb.DeliverRequest{BudgetNanos: int64(time.Until(q.deadline)), Call: q.call, Parent: q.parent}
+		toWire(r, q.message)
+		encoded := proto.Size(&clusterpb.DeliverBatch{Requests: []*clusterpb.DeliverRequest{r}})
+		assert.LessOrEqual(t, encoded, wireSize(q), "a delivery of %d body bytes", len(q.message.Body))
+	}
+	for _, r := range []*clusterpb.DeliverReply{
+		{},
+		{Call: math.MaxUint32, NotOwner: true, Id: long, Sequence: long},
+		{Call: math.MaxUint32, Id: long, Error: encodeError(&codec.EntryError{Code: string(huge), Message: string(huge)})},
+		{Call: 1, Error: encodeError(&messages.RetryAfterError{After: time.Hour, Reason: messages.FullBytes})},
+	} {
+		encoded := proto.Size(&clusterpb.DeliverReplies{Replies: []*clusterpb.DeliverReply{r}})
+		assert.LessOrEqual(t, encoded, replySize(r))
+	}
 }
