@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,7 @@ const endpointID = "sinkbatch-clustered"
 // Destinations names this member's codecs; every member registers the same
 // names, each built from its own config and credentials. A name is the
 // cluster identity of its destination: not secret, [A-Za-z0-9._-]{1,200}.
+// New copies the map: changing it afterwards changes nothing.
 type Destinations map[string]codec.Codec
 
 // Config configures a Node.
@@ -140,14 +142,19 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	case len(cfg.Destinations) == 0:
 		return nil, fmt.Errorf("sinkbatch: clustered.Config.Destinations is empty")
 	}
+	// The node keeps a copy: the caller's map stays the caller's, to
+	// change without racing the node's reads or changing what it serves.
+	dests := make(Destinations, len(cfg.Destinations))
 	for name, c := range cfg.Destinations {
 		if !validName.MatchString(name) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination name %q is not [A-Za-z0-9._-]{1,200}", name)
 		}
-		if c == nil {
+		if c == nil || nilPointer(c) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
 		}
+		dests[name] = c
 	}
+	cfg.Destinations = dests
 	switch {
 	case cfg.MaxWireBytes == 0:
 		cfg.MaxWireBytes = defaultWireBytes
@@ -447,6 +454,13 @@ func (n *Node) Leave(ctx context.Context) error {
 	})
 	<-n.left
 	return n.leaveErr
+}
+
+// nilPointer reports whether c is a nil pointer in an interface (a nil
+// *sqs.Codec).
+func nilPointer(c codec.Codec) bool {
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // loopback reports whether host is a loopback address or name.

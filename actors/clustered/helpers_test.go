@@ -38,6 +38,7 @@ type member struct {
 	node    *clustered.Node
 	cluster *cluster.Cluster
 	codecs  map[string]codec.Codec
+	dests   clustered.Destinations // the map New was given, which stays the test's
 	gone    bool
 }
 
@@ -84,6 +85,7 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 		m.codecs[name] = c
 		dests[name] = c
 	}
+	m.dests = dests
 	m.node, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: logger, MaxWireBytes: o.wire})
 	require.NoError(t, err)
 	host := o.host
