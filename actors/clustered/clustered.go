@@ -411,7 +411,10 @@ func (n *Node) sayLeft() {
 // batchers; deliveries this member's callers have in progress elsewhere
 // are answered; then the member leaves the
 // cluster gracefully (cluster.Shutdown(true)), which also shuts down the
-// actor system. Stop Config.Instance afterwards. If ctx ends first, the
+// actor system. Stop Config.Instance afterwards: an instance stopped
+// before Leave answers every delivery to the destinations this member owns,
+// from any member, with messages.ErrStopped (never sent) until Leave hands
+// them off. If ctx ends first, the
 // member leaves all the same and Leave returns an error wrapping ctx.Err():
 // what was not answered then reaches its callers at once, as ErrUnreachable
 // (messages.ErrStopped for a message this member had not yet written to its
