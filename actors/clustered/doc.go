@@ -102,6 +102,15 @@
 // destination that answers in 300 ms: the slowest delivery took 1.1 s
 // across a join and 1.3 s across a leave, against 0.3-0.6 s before it.
 //
+// Known gap: a hand-off does not carry Tuning.StrictGroups pauses. A group
+// paused on the old owner (a message of it failed retryably, and neither
+// its retry, a resume nor GroupPauseMax has ended the pause) is not paused
+// on the new owner, whose batcher sends the group's next message before the
+// failed one's retry (TestAdv13StrictGroupPauseSurvivesAHandOff, skipped
+// unless -clustered.unfixed). Pauses are also resumed only on the owner's
+// instance (actors.Instance.ResumeGroup): from another member, retry the
+// failed message, whose key the GroupPausedError names.
+//
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, or one protoactor lost (or could not make) the connection
 // to while it waited. A connection that drops while a live old owner still
