@@ -5,6 +5,7 @@ package clustered_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/clustered"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -94,6 +97,57 @@ func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 	for _, m := range others {
 		assert.Empty(t, m.fake("strict").Sent(), "a non-owner's codec sent")
 	}
+}
+
+// Node.ResumeGroup and PausedGroups reach the pause wherever the caller
+// is: a group paused by a failure from one member's caller is listed by
+// every member, resumed from a member that does not own the destination,
+// and its next delivery, from any member, is then admitted although the
+// failed message was never retried.
+func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
+	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodec})
+	owner, _ := ownerOf(t, ms, "strict")
+	var others []*member
+	for _, m := range ms {
+		if m != owner {
+			others = append(others, m)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	msg := func(body, key string) codec.Message {
+		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
+	}
+	for round, resumer := range []*member{others[1], owner, others[0]} {
+		key := fmt.Sprint("k", round)
+		_, err := others[0].node.Deliver(ctx, "strict", msg("flaky", key))
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee, "round %d", round)
+		for i, m := range ms {
+			paused, err := m.node.PausedGroups(ctx, "strict")
+			require.NoError(t, err, "round %d, member %d", round, i)
+			assert.Equal(t, []string{"g"}, paused, "round %d, member %d", round, i)
+		}
+		_, err = others[1].node.Deliver(ctx, "strict", msg("held", "h"+key))
+		var gp *messages.GroupPausedError
+		require.ErrorAs(t, err, &gp, "round %d", round)
+		require.NoError(t, resumer.node.ResumeGroup(ctx, "strict", "g"), "round %d", round)
+		for i, m := range ms {
+			paused, err := m.node.PausedGroups(ctx, "strict")
+			require.NoError(t, err)
+			assert.Empty(t, paused, "round %d, member %d, after the resume", round, i)
+		}
+		id, err := others[1].node.Deliver(ctx, "strict", msg("next", "n"+key))
+		require.NoError(t, err, "round %d: the group's next delivery after ResumeGroup", round)
+		assert.Equal(t, "id-next", id)
+	}
+	// Resuming a group that is not paused does nothing, and is no error.
+	require.NoError(t, others[0].node.ResumeGroup(ctx, "strict", "never-paused"))
+	_, err := others[0].node.PausedGroups(ctx, "nowhere")
+	assert.ErrorIs(t, err, clustered.ErrUnknownDestination)
+	assert.ErrorIs(t, others[0].node.ResumeGroup(ctx, "nowhere", "g"), clustered.ErrUnknownDestination)
+	//nolint:staticcheck // a nil ctx is the bad input under test
+	assert.ErrorIs(t, others[0].node.ResumeGroup(nil, "strict", "g"), actors.ErrNilContext)
 }
 
 // flagUnfixed runs the tests of known bugs main has not fixed yet, which

@@ -107,9 +107,10 @@
 // its retry, a resume nor GroupPauseMax has ended the pause) is not paused
 // on the new owner, whose batcher sends the group's next message before the
 // failed one's retry (TestAdv13StrictGroupPauseSurvivesAHandOff, skipped
-// unless -clustered.unfixed). Pauses are also resumed only on the owner's
-// instance (actors.Instance.ResumeGroup): from another member, retry the
-// failed message, whose key the GroupPausedError names.
+// unless -clustered.unfixed). A pause is made and kept on the owner's
+// instance: resume or list paused groups with Node.ResumeGroup and
+// Node.PausedGroups, which ask the owner from any member
+// (actors.Instance.ResumeGroup reaches only the member's own instance).
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, or one protoactor lost (or could not make) the connection

@@ -22,7 +22,9 @@ import (
 //     by the RequestId of the PID they were sent to;
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
-//     batcher.Direct), and HandoffRequests from other members;
+//     batcher.Direct), HandoffRequests from other members, and their
+//     GroupsRequests (Node.ResumeGroup and PausedGroups), answered with a
+//     GroupsReply under the request's RequestId;
 //   - a HandoffDone naming no destination: its member left gracefully;
 //   - *Deliver, the actor form of Node.Deliver; anything else with a sender
 //     is answered errNotDeliver.
@@ -42,7 +44,7 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 				n.onAnswer(r.Call, r)
 			}
 		}
-	case *cluster.ActivationResponse, *actor.DeadLetterResponse:
+	case *cluster.ActivationResponse, *actor.DeadLetterResponse, *clusterpb.GroupsReply:
 		n.onAnswer(pid.RequestId, m)
 	case *messages.Delivered:
 		if d, ok := m.Ref.(*batcher.Direct); ok {
@@ -64,6 +66,12 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 			return
 		}
 		n.apply(n.ledger.request(m.Destination, sender))
+	case *clusterpb.GroupsRequest:
+		if sender == nil {
+			n.notDeliver(sender, msg)
+			return
+		}
+		n.onGroups(sender, m)
 	case *Deliver:
 		n.deliverFor(sender, m)
 	default:
@@ -87,6 +95,10 @@ func isNilMessage(msg any) bool {
 	case *clusterpb.HandoffDone:
 		return m == nil
 	case *clusterpb.HandoffRequest:
+		return m == nil
+	case *clusterpb.GroupsRequest:
+		return m == nil
+	case *clusterpb.GroupsReply:
 		return m == nil
 	case *Deliver:
 		return m == nil

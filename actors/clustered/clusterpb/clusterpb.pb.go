@@ -859,6 +859,123 @@ func (x *HandoffDone) GetMember() string {
 	return ""
 }
 
+// GroupsRequest asks the node of destination's owner to resume group, one
+// of destination's paused groups (Tuning.StrictGroups), when resume is set,
+// or else to list them.
+type GroupsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Destination   string                 `protobuf:"bytes,1,opt,name=destination" json:"destination,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group" json:"group,omitempty"`
+	Resume        bool                   `protobuf:"varint,3,opt,name=resume" json:"resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupsRequest) Reset() {
+	*x = GroupsRequest{}
+	mi := &file_clusterpb_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupsRequest) ProtoMessage() {}
+
+func (x *GroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupsRequest.ProtoReflect.Descriptor instead.
+func (*GroupsRequest) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GroupsRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *GroupsRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupsRequest) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+// GroupsReply answers a GroupsRequest: the paused groups it listed, or its
+// error.
+type GroupsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Paused        []string               `protobuf:"bytes,1,rep,name=paused" json:"paused,omitempty"`
+	Error         *Error                 `protobuf:"bytes,2,opt,name=error" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupsReply) Reset() {
+	*x = GroupsReply{}
+	mi := &file_clusterpb_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupsReply) ProtoMessage() {}
+
+func (x *GroupsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupsReply.ProtoReflect.Descriptor instead.
+func (*GroupsReply) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GroupsReply) GetPaused() []string {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
+func (x *GroupsReply) GetError() *Error {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 var File_clusterpb_proto protoreflect.FileDescriptor
 
 const file_clusterpb_proto_rawDesc = "" +
@@ -924,7 +1041,14 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\"G\n" +
 	"\vHandoffDone\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x16\n" +
-	"\x06member\x18\x02 \x01(\tR\x06member*\x8f\x03\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\"_\n" +
+	"\rGroupsRequest\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x16\n" +
+	"\x06resume\x18\x03 \x01(\bR\x06resume\"Z\n" +
+	"\vGroupsReply\x12\x16\n" +
+	"\x06paused\x18\x01 \x03(\tR\x06paused\x123\n" +
+	"\x05error\x18\x02 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error*\x8f\x03\n" +
 	"\bSentinel\x12\x18\n" +
 	"\x14SENTINEL_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10SENTINEL_STOPPED\x10\x01\x12\x19\n" +
@@ -956,7 +1080,7 @@ func file_clusterpb_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterpb_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_clusterpb_proto_goTypes = []any{
 	(Sentinel)(0),          // 0: sinkbatch.clustered.v1.Sentinel
 	(*DeliverBatch)(nil),   // 1: sinkbatch.clustered.v1.DeliverBatch
@@ -970,11 +1094,13 @@ var file_clusterpb_proto_goTypes = []any{
 	(*GroupPaused)(nil),    // 9: sinkbatch.clustered.v1.GroupPaused
 	(*HandoffRequest)(nil), // 10: sinkbatch.clustered.v1.HandoffRequest
 	(*HandoffDone)(nil),    // 11: sinkbatch.clustered.v1.HandoffDone
-	nil,                    // 12: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	(*GroupsRequest)(nil),  // 12: sinkbatch.clustered.v1.GroupsRequest
+	(*GroupsReply)(nil),    // 13: sinkbatch.clustered.v1.GroupsReply
+	nil,                    // 14: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 }
 var file_clusterpb_proto_depIdxs = []int32{
 	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
-	12, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	14, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 	3,  // 2: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
 	6,  // 3: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
 	4,  // 4: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
@@ -982,11 +1108,12 @@ var file_clusterpb_proto_depIdxs = []int32{
 	7,  // 6: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
 	8,  // 7: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
 	9,  // 8: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 9: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_clusterpb_proto_init() }
@@ -1000,7 +1127,7 @@ func file_clusterpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterpb_proto_rawDesc), len(file_clusterpb_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
