@@ -36,6 +36,38 @@ func (i *Instance) PausedGroups(ctx context.Context, c codec.Codec) ([]string, e
 	return i.sup.PausedGroups(c)
 }
 
+// TakePausedGroups removes the paused groups of the destination c
+// describes from this instance and returns them, each with the time its
+// pause has left (GroupPauseMax), sorted by group: for another instance,
+// which takes over the destination, to adopt (AdoptPausedGroups). Cluster
+// mode hands pauses over this way when a destination moves between
+// members. Deliveries of those groups are admitted here again. Its errors
+// are ResumeGroup's.
+func (i *Instance) TakePausedGroups(ctx context.Context, c codec.Codec) ([]messages.PausedGroup, error) {
+	if err := checkCall(ctx, c); err != nil {
+		return nil, err
+	}
+	return i.sup.TakePauses(c)
+}
+
+// AdoptPausedGroups pauses groups of the destination c describes, each for
+// the time it has left (at most the destination's GroupPauseMax), as if
+// their messages had failed here: a group's next delivery is answered
+// *messages.GroupPausedError until the message keyed Key is retried,
+// ResumeGroup, or the time runs out. It returns once the destination's
+// batcher (started if need be) has the pauses: PausedGroups lists them
+// then. Even if it gives up first (ctx ended, and the error wraps
+// ctx.Err()), they are in place before any delivery made after the call
+// returned is admitted. A group that is paused already keeps its pause. It
+// returns messages.ErrStopped once Stop was called, and otherwise
+// ResumeGroup's errors.
+func (i *Instance) AdoptPausedGroups(ctx context.Context, c codec.Codec, groups []messages.PausedGroup) error {
+	if err := checkCall(ctx, c); err != nil {
+		return err
+	}
+	return i.sup.AdoptPauses(ctx, c, groups)
+}
+
 // checkCall checks the arguments every call about a destination takes.
 func checkCall(ctx context.Context, c codec.Codec) error {
 	if ctx == nil {

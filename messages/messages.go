@@ -99,6 +99,15 @@ func (e *GroupPausedError) Error() string {
 	return fmt.Sprintf("sinkbatch: group %q is paused until the message with idempotency key %q is retried", e.Group, e.Key)
 }
 
+// PausedGroup is a group paused after a retryable failure
+// (Tuning.StrictGroups), as one instance hands it to another: see
+// actors.Instance.TakePausedGroups and AdoptPausedGroups.
+type PausedGroup struct {
+	Group string
+	Key   string        // IdempotencyKey of the failed message whose retry resumes the group ("" if it had none)
+	Left  time.Duration // until the pause runs out (GroupPauseMax)
+}
+
 // FullReason says which bound refused a delivery.
 type FullReason int
 

@@ -313,6 +313,17 @@ func (b *Batcher) receive(ctx actor.Context) {
 			b.deferred++
 			return
 		}
+	case *Adopt:
+		// Forwarded by the router as deliveries are, and counted as they
+		// are (idle stops and drains compare the counts).
+		b.p.received++
+		b.d.adoptPauses(m.Groups, b.now)
+		for _, g := range m.Groups {
+			b.log.Info("sinkbatch: group paused by a hand-over", slog.String("group", g.Group), slog.Duration("left", g.Left))
+		}
+		if m.Done != nil {
+			m.Done <- nil
+		}
 	case *done:
 	case *tick:
 		b.armed = 0

@@ -511,6 +511,25 @@ func (d *dispatch) handPausesTo(next *dispatch, publish func()) {
 	publish()
 }
 
+// takePausesIf removes and returns the pauses running at now, if current
+// still reports d's incarnation running (ok; see resumeGroupIf).
+func (d *dispatch) takePausesIf(now int64, current func() bool) (taken []messages.PausedGroup, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !current() {
+		return nil, false
+	}
+	return d.q.takePauses(now), true
+}
+
+// adoptPauses pauses the groups another instance handed over (see
+// queue.adoptPauses).
+func (d *dispatch) adoptPauses(ps []messages.PausedGroup, now int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.q.adoptPauses(ps, now)
+}
+
 // pausedGroups lists the groups paused at now, sorted.
 func (d *dispatch) pausedGroups(now int64) []string {
 	d.mu.Lock()

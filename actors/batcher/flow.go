@@ -107,6 +107,39 @@ func (p *Params) ResumeGroup(g string) bool {
 	}
 }
 
+// TakePauses removes the paused groups of p's destination and returns
+// them, each with the time its pause has left, for another instance to
+// adopt (Adopt). Safe for concurrent use, as ResumeGroup.
+func (p *Params) TakePauses() []messages.PausedGroup {
+	for {
+		in := p.current.Load()
+		if in == nil {
+			return nil
+		}
+		taken, ok := in.d.takePausesIf(clock(), func() bool { return p.current.Load() == in })
+		if !ok {
+			continue // in handed its pauses to the next incarnation meanwhile
+		}
+		if len(taken) > 0 {
+			in.wake() // with no group paused it may now stop idle
+			for _, g := range taken {
+				p.Logger.Info("sinkbatch: paused group handed over", slog.String("group", g.Group), slog.Duration("left", g.Left))
+			}
+		}
+		return taken
+	}
+}
+
+// Adopt is a message a batcher takes in its mailbox's order, as a
+// delivery: it pauses Groups, handed over by another instance (see
+// queue.adoptPauses), before any delivery sent after it is admitted, and
+// then sends nil on Done, if set. A router that answers what it held
+// instead (the destination is gone) sends its error there.
+type Adopt struct {
+	Groups []messages.PausedGroup
+	Done   chan error // buffered: its one answer never blocks
+}
+
 // PausedGroups lists the paused groups of p's destination, sorted. Safe for
 // concurrent use.
 func (p *Params) PausedGroups() []string {

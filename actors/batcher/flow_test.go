@@ -442,3 +442,43 @@ func TestBlockSweepAfterARemovalBehindTheHead(t *testing.T) {
 	assert.Equal(t, []*entry{first}, q.sweepWaiters(10, everyoneAlive))
 	assert.Equal(t, 1, q.waits.n)
 }
+
+// Pauses move between queues (cluster mode's hand-off): takePauses removes
+// the running ones with the time each has left, sorted, and leaves the
+// queue with none (it may then stop idle); adoptPauses sets them from the
+// taker's now, cut to its GroupPauseMax, keeps a pause the taker had, and
+// skips a pause with no time left or no group. The adopted group is held
+// until its key comes, and the adopted pause wakes the actor when it ends.
+func TestStrictPausesMoveBetweenQueues(t *testing.T) {
+	s := strictSettings()
+	from := newQueue(s)
+	from.pauseGroup(groupFailure{group: "b", key: "kb"}, 0)
+	from.pauseGroup(groupFailure{group: "a", key: "ka"}, 10)
+	from.pauseGroup(groupFailure{group: "gone"}, -s.pauseMax)
+	taken := from.takePauses(100)
+	assert.Equal(t, []messages.PausedGroup{
+		{Group: "a", Key: "ka", Left: time.Duration(s.pauseMax - 90)},
+		{Group: "b", Key: "kb", Left: time.Duration(s.pauseMax - 100)},
+	}, taken, "sorted, each with its time left; the one that ran out stays behind")
+	assert.Empty(t, from.pausedGroups())
+	assert.Equal(t, int64(math.MaxInt64), from.paused.minUntil)
+	assert.Nil(t, from.takePauses(100), "nothing is taken twice")
+
+	to := newQueue(s)
+	to.pauseGroup(groupFailure{group: "b", key: "own"}, 5000)
+	to.adoptPauses(append(taken,
+		messages.PausedGroup{Group: "long", Key: "kl", Left: time.Duration(10 * s.pauseMax)},
+		messages.PausedGroup{Group: "spent", Key: "ks"},
+		messages.PausedGroup{Key: "nogroup", Left: time.Second},
+	), 5000)
+	assert.Equal(t, []string{"a", "b", "long"}, to.pausedGroups())
+	assert.Equal(t, pause{key: "ka", until: 5000 + s.pauseMax - 90}, to.paused.m["a"])
+	assert.Equal(t, pause{key: "own", until: 5000 + s.pauseMax}, to.paused.m["b"], "the taker's own pause is kept")
+	assert.Equal(t, pause{key: "kl", until: 5000 + s.pauseMax}, to.paused.m["long"], "cut to GroupPauseMax")
+	assert.Equal(t, 5000+s.pauseMax-90, to.wake())
+	err, _ := to.checkPaused(keyed("x", "a", 1, "other"), 5001)
+	assert.Equal(t, &messages.GroupPausedError{Group: "a", Key: "ka"}, err)
+	err, resumed := to.checkPaused(keyed("x", "a", 1, "ka"), 5001)
+	assert.Nil(t, err)
+	assert.True(t, resumed, "the failed message's retry resumes the adopted pause")
+}

@@ -3,6 +3,8 @@ package batcher
 import (
 	"math"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -102,15 +104,55 @@ func (q *queue) pauseNew(f groupFailure, now int64) bool {
 
 // setPause records f.group's pause from now.
 func (q *queue) setPause(f groupFailure, now int64) {
+	q.setPauseFor(f, now, q.s.pauseMax)
+}
+
+// setPauseFor records f.group's pause from now, for d.
+func (q *queue) setPauseFor(f groupFailure, now, d int64) {
 	if q.paused.m == nil {
 		q.paused.m = make(map[string]pause)
 	}
-	until := now + q.s.pauseMax
-	if now > math.MaxInt64-q.s.pauseMax {
+	until := now + d
+	if now > math.MaxInt64-d {
 		until = math.MaxInt64
 	}
 	q.paused.m[f.group] = pause{key: f.key, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
+}
+
+// takePauses removes the pauses still running at now and returns them,
+// sorted by group, each with the time it has left: the destination moves
+// to another instance (cluster mode's hand-off), which adopts them.
+func (q *queue) takePauses(now int64) []messages.PausedGroup {
+	q.expirePauses(now)
+	if len(q.paused.m) == 0 {
+		return nil
+	}
+	out := make([]messages.PausedGroup, 0, len(q.paused.m))
+	for g, p := range q.paused.m {
+		out = append(out, messages.PausedGroup{Group: g, Key: p.key, Left: time.Duration(p.until - now)})
+	}
+	slices.SortFunc(out, func(a, b messages.PausedGroup) int { return strings.Compare(a.Group, b.Group) })
+	q.paused = pauses{minUntil: math.MaxInt64}
+	return out
+}
+
+// adoptPauses pauses the groups another instance handed over, from now for
+// the time each had left there (at most GroupPauseMax), so that their next
+// deliveries wait for the failed messages' retries here too. A group
+// paused here already keeps its own pause, and one with no time left is
+// not paused. The groups' queued entries, if any, stay: they were admitted
+// before the hand-over.
+func (q *queue) adoptPauses(ps []messages.PausedGroup, now int64) {
+	for _, p := range ps {
+		if p.Group == "" || p.Left <= 0 {
+			continue
+		}
+		if _, ok := q.paused.m[p.Group]; ok {
+			continue
+		}
+		q.setPauseFor(groupFailure{group: p.Group, key: p.Key}, now, min(int64(p.Left), q.s.pauseMax))
+	}
 }
 
 // checkPaused says whether e's group is paused at now: err is the answer

@@ -184,11 +184,18 @@ func (s *Supervisor) retireLocked(rt *route) []any {
 	return held
 }
 
-// answer answers held deliveries with err.
+// answer answers held deliveries (and adoptions of paused groups) with
+// err.
 func (s *Supervisor) answer(held []any, err error) {
 	for _, m := range held {
 		_, msg, envelope := actor.UnwrapEnvelope(m)
-		d := msg.(*messages.Deliver)
+		d, ok := msg.(*messages.Deliver)
+		if !ok {
+			if a, ok := msg.(*batcher.Adopt); ok && a.Done != nil {
+				a.Done <- err
+			}
+			continue
+		}
 		sender := batcher.SenderOf(envelope, d)
 		if sender == nil {
 			continue

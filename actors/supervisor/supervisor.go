@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,6 +149,50 @@ func (s *Supervisor) PausedGroups(c codec.Codec) ([]string, error) {
 		return nil, err
 	}
 	return p.PausedGroups(), nil
+}
+
+// TakePauses removes the paused groups of c's destination and returns
+// them, each with the time it has left. A destination with no batcher has
+// none.
+func (s *Supervisor) TakePauses(c codec.Codec) ([]messages.PausedGroup, error) {
+	p, err := s.params(c)
+	if p == nil {
+		return nil, err
+	}
+	return p.TakePauses(), nil
+}
+
+// AdoptPauses pauses groups of c's destination (see batcher.Adopt),
+// starting its batcher if it has none, and returns once the batcher has
+// them, or ctx ended. The pauses are in place before any delivery routed
+// after AdoptPauses is called (and returns, if it gave up) is admitted.
+func (s *Supervisor) AdoptPauses(ctx context.Context, c codec.Codec, groups []messages.PausedGroup) error {
+	if s.stopping.Load() {
+		return messages.ErrStopped
+	}
+	msg := &batcher.Adopt{Groups: slices.Clone(groups), Done: make(chan error, 1)}
+	for {
+		rt, err := s.lookup(c)
+		if err != nil {
+			return err
+		}
+		if len(groups) == 0 {
+			return nil
+		}
+		refused := false
+		if rt.forward(msg, &s.stopping, func() { refused = true }) {
+			if refused {
+				return messages.ErrStopped
+			}
+			select {
+			case err := <-msg.Done:
+				return err
+			case <-ctx.Done():
+				return fmt.Errorf("sinkbatch: adopting paused groups: %w", ctx.Err())
+			}
+		}
+		// The route was retired meanwhile: look the destination up again.
+	}
 }
 
 // params finds the running batcher's Params of c's destination, without
