@@ -4,13 +4,13 @@ package clustered_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,28 +21,31 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
-// strictCodec is a StrictGroups destination that fails a message whose
-// body starts "flaky" retryably the first time it sees its idempotency key,
-// and accepts everything else.
-func strictCodec(name string) codec.Codec {
-	c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
-	c.Tune = codec.Tuning{Linger: time.Millisecond, StrictGroups: true}
+// strictCodecs makes StrictGroups destinations that fail a message whose
+// body starts "flaky" retryably the first time any of them sees its
+// idempotency key (one destination, as every member's codec for it), and
+// accept everything else.
+func strictCodecs() func(name string) codec.Codec {
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		res := make([]codec.Result, len(batch))
-		for i, m := range batch {
-			res[i] = codec.Result{ID: "id-" + string(m.Body)}
-			if strings.HasPrefix(string(m.Body), "flaky") && !seen[m.IdempotencyKey] {
-				seen[m.IdempotencyKey] = true
-				res[i] = codec.Result{Err: &codec.EntryError{Code: "Flaky"}}
+	return func(name string) codec.Codec {
+		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+		c.Tune = codec.Tuning{Linger: time.Millisecond, StrictGroups: true}
+		c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			res := make([]codec.Result, len(batch))
+			for i, m := range batch {
+				res[i] = codec.Result{ID: "id-" + string(m.Body)}
+				if strings.HasPrefix(string(m.Body), "flaky") && !seen[name+"/"+m.IdempotencyKey] {
+					seen[name+"/"+m.IdempotencyKey] = true
+					res[i] = codec.Result{Err: &codec.EntryError{Code: "Flaky"}}
+				}
 			}
+			return res, nil
 		}
-		return res, nil
+		return c
 	}
-	return c
 }
 
 // Tuning.StrictGroups holds cluster-wide: a message that fails retryably,
@@ -52,7 +55,7 @@ func strictCodec(name string) codec.Codec {
 // message's retry, from yet another member, resumes it. The destination
 // receives the group in the order its callers saw it answered.
 func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
-	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodec})
+	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
 	owner, _ := ownerOf(t, ms, "strict")
 	var others []*member
 	for _, m := range ms {
@@ -105,7 +108,7 @@ func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 // and its next delivery, from any member, is then admitted although the
 // failed message was never retried.
 func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
-	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodec})
+	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
 	owner, _ := ownerOf(t, ms, "strict")
 	var others []*member
 	for _, m := range ms {
@@ -150,40 +153,129 @@ func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
 	assert.ErrorIs(t, others[0].node.ResumeGroup(nil, "strict", "g"), actors.ErrNilContext)
 }
 
-// flagUnfixed runs the tests of known bugs main has not fixed yet, which
-// otherwise skip themselves (as internal/adversary's -adversary.unfixed).
-var flagUnfixed = flag.Bool("clustered.unfixed", false, "also run the tests of known bugs main has not fixed yet")
-
-// Tuning.StrictGroups: a paused group stays paused until its failed
-// message is retried, ResumeGroup, or GroupPauseMax, and a batcher's
-// restart keeps it paused. Across a hand-off it does not: the paused
-// groups live in the old owner's batcher, the hand-off carries none of
-// them, and the new owner's batcher sends the group's next message before
-// the failed one's retry. KNOWN BUG, not fixed: see doc.go, "Guarantees".
-func TestAdv13StrictGroupPauseSurvivesAHandOff(t *testing.T) {
-	if !*flagUnfixed {
-		t.Skip("known bug, not fixed: a hand-off drops the paused groups (run with -clustered.unfixed)")
+// Tuning.StrictGroups across a hand-off: a paused group stays paused until
+// its failed message is retried, ResumeGroup, or GroupPauseMax, as a
+// batcher's restart keeps it. When the owner leaves gracefully, the groups
+// its instance paused go to the members that own their destinations next
+// (Node.Leave hands them over before it says it left): the group's next
+// message is answered GroupPausedError naming the failed message's key,
+// from every member, until that message's retry, which is sent first.
+// Before, the new owner's batcher knew of no pause and sent the group's
+// next message before the failed one's retry.
+func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
+	dests := names(12)
+	ms := startTestCluster(t, 3, dests, memberOpts{codec: strictCodecs()})
+	// The leaver is the member that owns the most destinations.
+	byOwner := map[*member][]string{}
+	for _, d := range dests {
+		o, _ := ownerOf(t, ms, d)
+		byOwner[o] = append(byOwner[o], d)
 	}
-	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodec})
-	owner, _ := ownerOf(t, ms, "strict")
+	leaver := ms[0]
+	for _, m := range ms {
+		if len(byOwner[m]) > len(byOwner[leaver]) {
+			leaver = m
+		}
+	}
+	owned := byOwner[leaver]
+	require.NotEmpty(t, owned)
 	var rest []*member
 	for _, m := range ms {
-		if m != owner {
+		if m != leaver {
 			rest = append(rest, m)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	msg := func(body, key string) codec.Message {
 		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
 	}
-	_, err := rest[0].node.Deliver(ctx, "strict", msg("flaky", "k1"))
-	var ee *codec.EntryError
-	require.ErrorAs(t, err, &ee)
-	owner.leave(t)
+	for _, d := range owned {
+		_, err := rest[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee, d)
+	}
+	leaver.leave(t)
 	waitMembers(t, rest, 2)
-	_, err = rest[1].node.Deliver(ctx, "strict", msg("held", "k2"))
-	var gp *messages.GroupPausedError
-	require.ErrorAs(t, err, &gp, "the group's next message, after the hand-off, before the failed one's retry")
-	assert.Equal(t, "k1", gp.Key)
+	for _, d := range owned {
+		for i, m := range rest {
+			_, err := m.node.Deliver(ctx, d, msg("held", "h-"+d))
+			var gp *messages.GroupPausedError
+			require.ErrorAs(t, err, &gp, "%s from member %d: the group's next message, after the leave, before the failed one's retry", d, i)
+			assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k-" + d}, *gp)
+		}
+		paused, err := rest[1].node.PausedGroups(ctx, d)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"g"}, paused, d)
+		_, err = rest[1].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		require.NoError(t, err, "%s: the failed message's retry", d)
+		_, err = rest[0].node.Deliver(ctx, d, msg("after", "a-"+d))
+		require.NoError(t, err, d)
+		var bodies []string
+		for _, m := range rest {
+			for _, s := range m.fake(d).Sent() {
+				bodies = append(bodies, string(s.Body))
+			}
+		}
+		assert.Equal(t, []string{"flaky", "after"}, bodies, "%s: what the new owner sent", d)
+	}
+}
+
+// The same across a join: a member joins and owns some destinations, whose
+// groups paused on their old owners are paused on it before its grains
+// admit anything (the old owner's HandoffDone carries them), until each
+// failed message's retry; the old owners keep no pause of the groups they
+// handed over.
+func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
+	dests := names(24)
+	agent := test.NewInMemAgent()
+	o := memberOpts{codec: strictCodecs(), noCleanup: true}
+	join := func() *member {
+		o := o
+		o.provider = test.NewTestProvider(agent, test.WithTestProviderServiceTtl(time.Second), test.WithTestProviderRefreshTtl(100*time.Millisecond))
+		return startMember(t, dests, o)
+	}
+	ms := []*member{join(), join()}
+	t.Cleanup(func() { leaveAll(t, ms) })
+	waitMembers(t, ms, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := func(body, key string) codec.Message {
+		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
+	}
+	for _, d := range dests {
+		_, err := ms[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		var ee *codec.EntryError
+		require.ErrorAs(t, err, &ee, d)
+	}
+	joiner := join()
+	ms = append(ms, joiner)
+	waitMembers(t, ms, 3)
+	moved := 0
+	for _, d := range dests {
+		if o, _ := ownerOf(t, ms, d); o != joiner {
+			continue
+		}
+		moved++
+		_, err := ms[1].node.Deliver(ctx, d, msg("held", "h-"+d))
+		var gp *messages.GroupPausedError
+		require.ErrorAs(t, err, &gp, "%s: the group's next message, after the join, before the failed one's retry", d)
+		assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k-" + d}, *gp)
+		for i, m := range ms[:2] {
+			paused, err := m.inst.PausedGroups(ctx, m.codecs[d])
+			require.NoError(t, err)
+			assert.Empty(t, paused, "%s: member %d kept the pause it handed over", d, i)
+		}
+		_, err = ms[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		require.NoError(t, err, "%s: the failed message's retry", d)
+		_, err = ms[1].node.Deliver(ctx, d, msg("after", "a-"+d))
+		require.NoError(t, err, d)
+		var bodies []string
+		for _, s := range joiner.fake(d).Sent() {
+			bodies = append(bodies, string(s.Body))
+		}
+		assert.Equal(t, []string{"flaky", "after"}, bodies, "%s: what the new owner sent", d)
+	}
+	require.Positive(t, moved, "the joiner owns none of the destinations: the test proved nothing")
+	t.Logf("%d of %d destinations moved to the joiner", moved, len(dests))
 }

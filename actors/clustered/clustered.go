@@ -402,6 +402,24 @@ func (n *Node) sayLeft() {
 	}
 }
 
+// handPausesOver sends the groups this member's instance has paused
+// (Tuning.StrictGroups) to the members that own their destinations once it
+// has left, before it says it left: they pause them before the member
+// lists drop this member, which is when their grains begin to admit. It
+// runs once the member admits nothing and has answered everything.
+func (n *Node) handPausesOver() {
+	self := n.system.Address()
+	for name := range n.cfg.Destinations {
+		paused := n.takePauses(name)
+		if len(paused) == 0 {
+			continue
+		}
+		if to := n.topo.ownerWithout(name, self); to != "" {
+			n.system.Root.Send(actor.NewPID(to, endpointID), &clusterpb.HandoffDone{Destination: name, Member: self, Paused: paused})
+		}
+	}
+}
+
 // Leave hands off every destination this member owns and leaves the
 // cluster, in this order: the member stops admitting deliveries (callers
 // are turned to the other members, which wait for the hand-off before they
@@ -437,6 +455,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		}()
 		select {
 		case <-drained:
+			n.handPausesOver()
 			n.sayLeft()
 		case <-ctx.Done():
 			n.leaveErr = fmt.Errorf("sinkbatch: clustered.Leave: %w", ctx.Err())

@@ -102,15 +102,17 @@
 // destination that answers in 300 ms: the slowest delivery took 1.1 s
 // across a join and 1.3 s across a leave, against 0.3-0.6 s before it.
 //
-// Known gap: a hand-off does not carry Tuning.StrictGroups pauses. A group
-// paused on the old owner (a message of it failed retryably, and neither
-// its retry, a resume nor GroupPauseMax has ended the pause) is not paused
-// on the new owner, whose batcher sends the group's next message before the
-// failed one's retry (TestAdv13StrictGroupPauseSurvivesAHandOff, skipped
-// unless -clustered.unfixed). A pause is made and kept on the owner's
-// instance: resume or list paused groups with Node.ResumeGroup and
-// Node.PausedGroups, which ask the owner from any member
-// (actors.Instance.ResumeGroup reaches only the member's own instance).
+// Tuning.StrictGroups pauses move with their destination. A group paused
+// on the old owner (a message of it failed retryably, and neither its
+// retry, a resume nor GroupPauseMax has ended the pause) is paused on the
+// new owner, for the time it had left, before the new owner admits
+// anything: on a join, the old owner's HandoffDone carries its pauses; on a
+// leave, the leaving member sends them to each destination's next owner
+// before it says it left (TestAdv13StrictGroupPauseSurvivesAJoin and
+// ...ALeave). A pause is kept on the owner's instance: resume or list
+// paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
+// owner from any member (actors.Instance.ResumeGroup reaches only the
+// member's own instance). A crashed member's pauses are lost with it.
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, or one protoactor lost (or could not make) the connection

@@ -1,8 +1,10 @@
 package clustered
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
@@ -54,12 +56,17 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 		}
 	case *clusterpb.HandoffDone:
 		// Naming no destination, from another member: it left gracefully
-		// (Node.sayLeft). Grains take the HandoffDones naming one.
-		if m.Destination != "" || m.Member == "" {
+		// (Node.sayLeft). Naming one: the member, leaving, hands over the
+		// destination's paused groups (Node.handPausesOver). Grains take
+		// the HandoffDones that answer their HandoffRequests.
+		switch {
+		case m.Member == "":
 			n.notDeliver(sender, msg)
-			return
+		case m.Destination == "":
+			n.onLeft(m.Member)
+		default:
+			n.adoptPauses(m)
 		}
-		n.onLeft(m.Member)
 	case *clusterpb.HandoffRequest:
 		if sender == nil {
 			n.notDeliver(sender, msg)
@@ -132,8 +139,60 @@ func (n *Node) apply(h handoff) {
 	if len(h.done) == 0 {
 		return
 	}
-	done := &clusterpb.HandoffDone{Destination: h.destination, Member: n.system.Address()}
+	done := &clusterpb.HandoffDone{Destination: h.destination, Member: n.system.Address(), Paused: n.takePauses(h.destination)}
 	for _, w := range h.done {
 		n.system.Root.Send(w, done)
 	}
+}
+
+// adoptPauses pauses, on the member's instance, the groups a leaving member
+// handed over with m.Destination.
+func (n *Node) adoptPauses(m *clusterpb.HandoffDone) {
+	c := n.cfg.Destinations[m.Destination]
+	if c == nil || len(m.Paused) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
+	defer cancel()
+	if err := n.cfg.Instance.AdoptPausedGroups(ctx, c, pausesFromWire(m.Paused)); err != nil {
+		n.log.Warn("sinkbatch: the paused groups a leaving member handed over could not be paused here",
+			slog.String("destination", m.Destination), slog.String("member", m.Member), slog.Any("error", err))
+	}
+}
+
+// pausesFromWire is the paused groups of a HandoffDone.
+func pausesFromWire(ps []*clusterpb.PausedGroup) []messages.PausedGroup {
+	out := make([]messages.PausedGroup, 0, len(ps))
+	for _, p := range ps {
+		if p != nil {
+			out = append(out, messages.PausedGroup{Group: p.Group, Key: p.Key, Left: time.Duration(p.LeftNanos)})
+		}
+	}
+	return out
+}
+
+// takePauses removes destination's paused groups (Tuning.StrictGroups)
+// from the member's instance, for its HandoffDone: the destination has
+// moved, and its new owner pauses them in turn. Only a hand-off calls it,
+// once the member admits nothing to destination and everything it
+// admitted was answered, so no pause can come after it.
+func (n *Node) takePauses(destination string) []*clusterpb.PausedGroup {
+	c := n.cfg.Destinations[destination]
+	if c == nil {
+		return nil
+	}
+	taken, err := n.cfg.Instance.TakePausedGroups(context.Background(), c)
+	if err != nil {
+		n.log.Warn("sinkbatch: the paused groups of a destination handed off could not be read; its new owner does not pause them",
+			slog.String("destination", destination), slog.Any("error", err))
+		return nil
+	}
+	if len(taken) == 0 {
+		return nil
+	}
+	out := make([]*clusterpb.PausedGroup, len(taken))
+	for i, p := range taken {
+		out[i] = &clusterpb.PausedGroup{Group: p.Group, Key: p.Key, LeftNanos: int64(p.Left)}
+	}
+	return out
 }

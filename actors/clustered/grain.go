@@ -1,6 +1,7 @@
 package clustered
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,10 @@ const (
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
+	// adoptWait bounds how long a grain waits for its instance to take the
+	// paused groups handed over (a batcher's mailbox's turn); they are
+	// paused before anything the grain admits after it in any case.
+	adoptWait = 5 * time.Second
 )
 
 type grainState int
@@ -68,14 +73,15 @@ type grain struct {
 	destination string
 	codec       codec.Codec
 	state       grainState
-	awaiting    map[string]bool      // members whose HandoffDone is missing
-	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
-	askedAt     time.Time            // when the grain began to wait
-	ownedAt     uint64               // the topology version owns was computed for
-	owns        bool                 // the member owns destination in that version
-	openAt      uint64               // the topology version the ledger was last opened in (ledger.open)
-	held        *held                // the grain's ledger entry, from register
-	buffered    []parked             // deliveries received while waiting, in order
+	awaiting    map[string]bool        // members whose HandoffDone is missing
+	unreached   map[string]time.Time   // awaited members whose requests dead-lettered, since when
+	askedAt     time.Time              // when the grain began to wait
+	ownedAt     uint64                 // the topology version owns was computed for
+	owns        bool                   // the member owns destination in that version
+	openAt      uint64                 // the topology version the ledger was last opened in (ledger.open)
+	held        *held                  // the grain's ledger entry, from register
+	buffered    []parked               // deliveries received while waiting, in order
+	paused      []messages.PausedGroup // groups the members that handed off had paused, to pause here
 	timer       *time.Timer
 }
 
@@ -100,7 +106,12 @@ func (g *grain) Receive(ctx actor.Context) {
 		g.deliverBatch(ctx, m.take(), ctx.Sender())
 	case *clusterpb.HandoffDone:
 		if m != nil && g.state == waiting {
-			delete(g.awaiting, m.Member)
+			// The first HandoffDone of a member carries its pauses: it
+			// took them from its instance as it handed off.
+			if g.awaiting[m.Member] {
+				delete(g.awaiting, m.Member)
+				g.paused = append(g.paused, pausesFromWire(m.Paused)...)
+			}
 			g.ask(ctx, false)
 		}
 	case *actor.DeadLetterResponse:
@@ -171,6 +182,7 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		if g.timer != nil {
 			g.timer.Stop()
 		}
+		g.adoptPauses()
 		for _, b := range g.buffered {
 			g.admit(b, newAdmitted())
 		}
@@ -187,6 +199,22 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		}
 		g.after(ctx, handoffRetry, retryTick{})
 	}
+}
+
+// adoptPauses pauses, on the member's instance, the groups the members
+// that handed off had paused, before the grain admits anything: a group's
+// next message still waits for the failed one's retry.
+func (g *grain) adoptPauses() {
+	if len(g.paused) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
+	defer cancel()
+	if err := g.n.cfg.Instance.AdoptPausedGroups(ctx, g.codec, g.paused); err != nil {
+		g.n.log.Warn("sinkbatch: the paused groups handed over with a destination could not be paused here",
+			slog.String("destination", g.destination), slog.Int("groups", len(g.paused)), slog.Any("error", err))
+	}
+	g.paused = nil
 }
 
 // unreachable notes that a HandoffRequest to member came back undelivered:

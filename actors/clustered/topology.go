@@ -16,6 +16,7 @@ type topology struct {
 	mu      sync.RWMutex
 	rdv     *cluster.Rendezvous
 	members map[string]bool // addresses of the members that host Kind
+	list    []*cluster.Member
 	hash    uint64
 }
 
@@ -30,7 +31,7 @@ func (t *topology) update(hash uint64, members []*cluster.Member) {
 		}
 	}
 	t.mu.Lock()
-	t.rdv, t.members, t.hash = rdv, set, hash
+	t.rdv, t.members, t.list, t.hash = rdv, set, members, hash
 	t.mu.Unlock()
 	t.version.Add(1)
 }
@@ -44,6 +45,26 @@ func (t *topology) owner(destination string) string {
 	if rdv == nil {
 		return ""
 	}
+	return rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: destination, Kind: Kind})
+}
+
+// ownerWithout is the address of the member that owns destination once
+// the member at address has left: the one the rendezvous hash ranks next.
+func (t *topology) ownerWithout(destination, address string) string {
+	t.mu.RLock()
+	list := t.list
+	t.mu.RUnlock()
+	rest := make([]*cluster.Member, 0, len(list))
+	for _, m := range list {
+		if m.Address() != address {
+			rest = append(rest, m)
+		}
+	}
+	if len(rest) == 0 {
+		return ""
+	}
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(rest)
 	return rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: destination, Kind: Kind})
 }
 

@@ -806,11 +806,13 @@ func (x *HandoffRequest) GetDestination() string {
 }
 
 // HandoffDone says member admits nothing to destination and holds nothing
-// of it.
+// of it. paused are the destination's groups paused there
+// (Tuning.StrictGroups), which the new owner pauses in turn.
 type HandoffDone struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Destination   string                 `protobuf:"bytes,1,opt,name=destination" json:"destination,omitempty"`
 	Member        string                 `protobuf:"bytes,2,opt,name=member" json:"member,omitempty"`
+	Paused        []*PausedGroup         `protobuf:"bytes,3,rep,name=paused" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -859,6 +861,75 @@ func (x *HandoffDone) GetMember() string {
 	return ""
 }
 
+func (x *HandoffDone) GetPaused() []*PausedGroup {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
+// PausedGroup is messages.PausedGroup: left_nanos is the time its pause
+// had left when it was handed over.
+type PausedGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group" json:"group,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	LeftNanos     int64                  `protobuf:"varint,3,opt,name=left_nanos,json=leftNanos" json:"left_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PausedGroup) Reset() {
+	*x = PausedGroup{}
+	mi := &file_clusterpb_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PausedGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PausedGroup) ProtoMessage() {}
+
+func (x *PausedGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PausedGroup.ProtoReflect.Descriptor instead.
+func (*PausedGroup) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PausedGroup) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *PausedGroup) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PausedGroup) GetLeftNanos() int64 {
+	if x != nil {
+		return x.LeftNanos
+	}
+	return 0
+}
+
 // GroupsRequest asks the node of destination's owner to resume group, one
 // of destination's paused groups (Tuning.StrictGroups), when resume is set,
 // or else to list them.
@@ -873,7 +944,7 @@ type GroupsRequest struct {
 
 func (x *GroupsRequest) Reset() {
 	*x = GroupsRequest{}
-	mi := &file_clusterpb_proto_msgTypes[11]
+	mi := &file_clusterpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +956,7 @@ func (x *GroupsRequest) String() string {
 func (*GroupsRequest) ProtoMessage() {}
 
 func (x *GroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[11]
+	mi := &file_clusterpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +969,7 @@ func (x *GroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupsRequest.ProtoReflect.Descriptor instead.
 func (*GroupsRequest) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{11}
+	return file_clusterpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GroupsRequest) GetDestination() string {
@@ -934,7 +1005,7 @@ type GroupsReply struct {
 
 func (x *GroupsReply) Reset() {
 	*x = GroupsReply{}
-	mi := &file_clusterpb_proto_msgTypes[12]
+	mi := &file_clusterpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1017,7 @@ func (x *GroupsReply) String() string {
 func (*GroupsReply) ProtoMessage() {}
 
 func (x *GroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[12]
+	mi := &file_clusterpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1030,7 @@ func (x *GroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupsReply.ProtoReflect.Descriptor instead.
 func (*GroupsReply) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{12}
+	return file_clusterpb_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GroupsReply) GetPaused() []string {
@@ -1038,10 +1109,16 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"2\n" +
 	"\x0eHandoffRequest\x12 \n" +
-	"\vdestination\x18\x01 \x01(\tR\vdestination\"G\n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\"\x84\x01\n" +
 	"\vHandoffDone\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x16\n" +
-	"\x06member\x18\x02 \x01(\tR\x06member\"_\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12;\n" +
+	"\x06paused\x18\x03 \x03(\v2#.sinkbatch.clustered.v1.PausedGroupR\x06paused\"T\n" +
+	"\vPausedGroup\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
+	"\n" +
+	"left_nanos\x18\x03 \x01(\x03R\tleftNanos\"_\n" +
 	"\rGroupsRequest\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x16\n" +
@@ -1080,7 +1157,7 @@ func file_clusterpb_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterpb_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_clusterpb_proto_goTypes = []any{
 	(Sentinel)(0),          // 0: sinkbatch.clustered.v1.Sentinel
 	(*DeliverBatch)(nil),   // 1: sinkbatch.clustered.v1.DeliverBatch
@@ -1094,13 +1171,14 @@ var file_clusterpb_proto_goTypes = []any{
 	(*GroupPaused)(nil),    // 9: sinkbatch.clustered.v1.GroupPaused
 	(*HandoffRequest)(nil), // 10: sinkbatch.clustered.v1.HandoffRequest
 	(*HandoffDone)(nil),    // 11: sinkbatch.clustered.v1.HandoffDone
-	(*GroupsRequest)(nil),  // 12: sinkbatch.clustered.v1.GroupsRequest
-	(*GroupsReply)(nil),    // 13: sinkbatch.clustered.v1.GroupsReply
-	nil,                    // 14: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	(*PausedGroup)(nil),    // 12: sinkbatch.clustered.v1.PausedGroup
+	(*GroupsRequest)(nil),  // 13: sinkbatch.clustered.v1.GroupsRequest
+	(*GroupsReply)(nil),    // 14: sinkbatch.clustered.v1.GroupsReply
+	nil,                    // 15: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 }
 var file_clusterpb_proto_depIdxs = []int32{
 	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
-	14, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	15, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 	3,  // 2: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
 	6,  // 3: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
 	4,  // 4: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
@@ -1108,12 +1186,13 @@ var file_clusterpb_proto_depIdxs = []int32{
 	7,  // 6: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
 	8,  // 7: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
 	9,  // 8: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
-	6,  // 9: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	12, // 9: sinkbatch.clustered.v1.HandoffDone.paused:type_name -> sinkbatch.clustered.v1.PausedGroup
+	6,  // 10: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_clusterpb_proto_init() }
@@ -1127,7 +1206,7 @@ func file_clusterpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterpb_proto_rawDesc), len(file_clusterpb_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
