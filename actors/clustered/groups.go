@@ -21,6 +21,13 @@ import (
 // to the owner resolved anew, until ctx ends; then the error wraps
 // ErrUnreachable and ctx.Err(). With no deadline in ctx it waits at most
 // actors.DefaultTimeout.
+//
+// While destination is being handed off (a member joined or left, and the
+// new owner waits for the old one to drain), its pauses are on their way
+// from the old owner to the new one: a resume made then can reach the new
+// owner before them and find nothing to resume, and PausedGroups can list
+// none. Such a group stays paused until its failed message's retry or
+// GroupPauseMax; resume it again once the hand-off is over.
 func (n *Node) ResumeGroup(ctx context.Context, destination, group string) error {
 	_, err := n.groups(ctx, destination, group, true)
 	return err
