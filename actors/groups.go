@@ -58,9 +58,10 @@ func (i *Instance) TakePausedGroups(ctx context.Context, c codec.Codec) ([]messa
 // batcher (started if need be) has the pauses: PausedGroups lists them
 // then. Even if it gives up first (ctx ended, and the error wraps
 // ctx.Err()), they are in place before any delivery made after the call
-// returned is admitted. A group that is paused already keeps its pause. It
-// returns messages.ErrStopped once Stop was called, and otherwise
-// ResumeGroup's errors.
+// returned is admitted. A group that is paused already keeps its pause,
+// and a destination without StrictGroups pauses nothing. It returns
+// messages.ErrStopped once Stop was called, and otherwise ResumeGroup's
+// errors.
 func (i *Instance) AdoptPausedGroups(ctx context.Context, c codec.Codec, groups []messages.PausedGroup) error {
 	if err := checkCall(ctx, c); err != nil {
 		return err

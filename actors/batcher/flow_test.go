@@ -482,3 +482,13 @@ func TestStrictPausesMoveBetweenQueues(t *testing.T) {
 	assert.Nil(t, err)
 	assert.True(t, resumed, "the failed message's retry resumes the adopted pause")
 }
+
+// A destination without StrictGroups adopts no pause: its deliveries are
+// never answered GroupPausedError.
+func TestAdoptPausesNeedsStrictGroups(t *testing.T) {
+	q := newQueue(testSettings())
+	q.adoptPauses([]messages.PausedGroup{{Group: "g", Key: "k", Left: time.Minute}}, 0)
+	assert.Empty(t, q.pausedGroups())
+	err, _ := q.checkPaused(keyed("a", "g", 1, ""), 1)
+	assert.Nil(t, err)
+}

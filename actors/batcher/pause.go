@@ -142,8 +142,11 @@ func (q *queue) takePauses(now int64) []messages.PausedGroup {
 // deliveries wait for the failed messages' retries here too. A group
 // paused here already keeps its own pause, and one with no time left is
 // not paused. The groups' queued entries, if any, stay: they were admitted
-// before the hand-over.
+// before the hand-over. A destination without StrictGroups pauses nothing.
 func (q *queue) adoptPauses(ps []messages.PausedGroup, now int64) {
+	if !q.s.strict {
+		return
+	}
 	for _, p := range ps {
 		if p.Group == "" || p.Left <= 0 {
 			continue
