@@ -48,7 +48,7 @@ var features = []string{
 	"panicmeta", "panicsize", "panicvalidate", "panicsend", "negsize", "invalid", "refuse",
 	"entryfail", "wholefail", "wrongcount", "ignorectx", "badtuning", "stopearly", "strict",
 	"block", "adaptive", "nosender", "futures", "crash", "recpanic", "tracing", "listenpanic", "listenstep", "listensweep",
-	"neverending",
+	"neverending", "pausemove",
 }
 
 // shortRun is the default run: short enough for CI under -race.
@@ -347,6 +347,10 @@ func (r *round) run() {
 	}
 	for i := range r.listeners {
 		spawn(func() { r.listenCaller(i) })
+	}
+	if r.on("pausemove") && rng.IntN(2) == 0 {
+		seed := rng.Uint64()
+		spawn(func() { r.movePauses(seed) })
 	}
 
 	trafficEnd := r.start.Add(r.traffic)
