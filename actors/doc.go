@@ -46,7 +46,9 @@
 // *messages.GroupPausedError at once and never sent. G resumes when the
 // failed message's retry arrives (a delivery with its IdempotencyKey, which
 // then goes first), on Instance.ResumeGroup, or after GroupPauseMax (30s);
-// Instance.PausedGroups lists the paused groups. A delivery of G refused
+// Instance.PausedGroups lists the paused groups, and
+// Instance.TakePausedGroups and AdoptPausedGroups move them to another
+// instance that takes the destination over. A delivery of G refused
 // because the queue is full pauses G the same way for new deliveries, and
 // so does a restart for every group the crashed batcher held. So a caller
 // that retries each failed or paused message, in its own order, with the
