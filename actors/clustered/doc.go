@@ -112,7 +112,8 @@
 // ...ALeave). A pause is kept on the owner's instance: resume or list
 // paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
 // owner from any member (actors.Instance.ResumeGroup reaches only the
-// member's own instance). A crashed member's pauses are lost with it.
+// member's own instance). A crashed member's pauses are lost with it, and
+// so are those of a member whose Leave gave up (its ctx ended).
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, or one protoactor lost (or could not make) the connection
