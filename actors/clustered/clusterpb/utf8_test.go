@@ -22,6 +22,9 @@ func TestStringsNeedNotBeUTF8(t *testing.T) {
 			{Call: 1, Id: bad, Sequence: bad},
 			{Call: 2, Error: &Error{Text: bad, Entry: &EntryError{Code: bad, Message: bad}, GroupPaused: &GroupPaused{Group: bad, Key: bad}}},
 		}},
+		&HandoffDone{Destination: "d", Member: "m", Paused: []*PausedGroup{{Group: bad, Key: bad, LeftNanos: 5}}},
+		&GroupsRequest{Destination: "d", Group: bad, Resume: true},
+		&GroupsReply{Paused: []string{bad, "fine"}, Error: &Error{Text: bad}},
 	} {
 		b, err := proto.Marshal(m)
 		require.NoError(t, err)
