@@ -48,6 +48,23 @@ func strictCodecs() func(name string) codec.Codec {
 	}
 }
 
+// groupMsg is a message of group "g", keyed key.
+func groupMsg(body, key string) codec.Message {
+	return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
+}
+
+// splitByOwner returns destination's owner among ms, and the other members.
+func splitByOwner(t *testing.T, ms []*member, destination string) (owner *member, others []*member) {
+	t.Helper()
+	owner, _ = ownerOf(t, ms, destination)
+	for _, m := range ms {
+		if m != owner {
+			others = append(others, m)
+		}
+	}
+	return owner, others
+}
+
 // Tuning.StrictGroups holds cluster-wide: a message that fails retryably,
 // from a caller on one member, pauses its group for the callers of every
 // member (each is answered *messages.GroupPausedError naming the failed
@@ -56,26 +73,17 @@ func strictCodecs() func(name string) codec.Codec {
 // receives the group in the order its callers saw it answered.
 func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
-	owner, _ := ownerOf(t, ms, "strict")
-	var others []*member
-	for _, m := range ms {
-		if m != owner {
-			others = append(others, m)
-		}
-	}
+	owner, others := splitByOwner(t, ms, "strict")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	msg := func(body, key string) codec.Message {
-		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
-	}
-	_, err := others[0].node.Deliver(ctx, "strict", msg("first", "k0"))
+	_, err := others[0].node.Deliver(ctx, "strict", groupMsg("first", "k0"))
 	require.NoError(t, err)
-	_, err = others[0].node.Deliver(ctx, "strict", msg("flaky", "k1"))
+	_, err = others[0].node.Deliver(ctx, "strict", groupMsg("flaky", "k1"))
 	var ee *codec.EntryError
 	require.ErrorAs(t, err, &ee)
 	assert.False(t, codec.IsPermanent(err))
 	for i, m := range []*member{owner, others[0], others[1]} {
-		_, err := m.node.Deliver(ctx, "strict", msg("held", "k2"))
+		_, err := m.node.Deliver(ctx, "strict", groupMsg("held", "k2"))
 		var gp *messages.GroupPausedError
 		require.ErrorAs(t, err, &gp, "member %d", i)
 		assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k1"}, *gp)
@@ -83,11 +91,11 @@ func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 	// Another group is not held.
 	_, err = others[1].node.Deliver(ctx, "strict", codec.Message{Tenant: "t", Group: "h", Body: []byte("other-group")})
 	require.NoError(t, err)
-	id, err := others[1].node.Deliver(ctx, "strict", msg("flaky", "k1"))
+	id, err := others[1].node.Deliver(ctx, "strict", groupMsg("flaky", "k1"))
 	require.NoError(t, err, "the failed message's retry, from another member")
 	assert.Equal(t, "id-flaky", id)
 	for i, m := range []*member{owner, others[0]} {
-		_, err := m.node.Deliver(ctx, "strict", msg("after", "k3"))
+		_, err := m.node.Deliver(ctx, "strict", groupMsg("after", "k3"))
 		require.NoError(t, err, "member %d, after the resume", i)
 	}
 	var bodies []string
@@ -109,21 +117,12 @@ func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 // failed message was never retried.
 func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
 	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
-	owner, _ := ownerOf(t, ms, "strict")
-	var others []*member
-	for _, m := range ms {
-		if m != owner {
-			others = append(others, m)
-		}
-	}
+	owner, others := splitByOwner(t, ms, "strict")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	msg := func(body, key string) codec.Message {
-		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
-	}
 	for round, resumer := range []*member{others[1], owner, others[0]} {
 		key := fmt.Sprint("k", round)
-		_, err := others[0].node.Deliver(ctx, "strict", msg("flaky", key))
+		_, err := others[0].node.Deliver(ctx, "strict", groupMsg("flaky", key))
 		var ee *codec.EntryError
 		require.ErrorAs(t, err, &ee, "round %d", round)
 		for i, m := range ms {
@@ -131,7 +130,7 @@ func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
 			require.NoError(t, err, "round %d, member %d", round, i)
 			assert.Equal(t, []string{"g"}, paused, "round %d, member %d", round, i)
 		}
-		_, err = others[1].node.Deliver(ctx, "strict", msg("held", "h"+key))
+		_, err = others[1].node.Deliver(ctx, "strict", groupMsg("held", "h"+key))
 		var gp *messages.GroupPausedError
 		require.ErrorAs(t, err, &gp, "round %d", round)
 		require.NoError(t, resumer.node.ResumeGroup(ctx, "strict", "g"), "round %d", round)
@@ -140,7 +139,7 @@ func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, paused, "round %d, member %d, after the resume", round, i)
 		}
-		id, err := others[1].node.Deliver(ctx, "strict", msg("next", "n"+key))
+		id, err := others[1].node.Deliver(ctx, "strict", groupMsg("next", "n"+key))
 		require.NoError(t, err, "round %d: the group's next delivery after ResumeGroup", round)
 		assert.Equal(t, "id-next", id)
 	}
@@ -187,11 +186,8 @@ func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msg := func(body, key string) codec.Message {
-		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
-	}
 	for _, d := range owned {
-		_, err := rest[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		_, err := rest[0].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		var ee *codec.EntryError
 		require.ErrorAs(t, err, &ee, d)
 	}
@@ -199,7 +195,7 @@ func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
 	waitMembers(t, rest, 2)
 	for _, d := range owned {
 		for i, m := range rest {
-			_, err := m.node.Deliver(ctx, d, msg("held", "h-"+d))
+			_, err := m.node.Deliver(ctx, d, groupMsg("held", "h-"+d))
 			var gp *messages.GroupPausedError
 			require.ErrorAs(t, err, &gp, "%s from member %d: the group's next message, after the leave, before the failed one's retry", d, i)
 			assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k-" + d}, *gp)
@@ -207,9 +203,9 @@ func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
 		paused, err := rest[1].node.PausedGroups(ctx, d)
 		require.NoError(t, err)
 		assert.Equal(t, []string{"g"}, paused, d)
-		_, err = rest[1].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		_, err = rest[1].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		require.NoError(t, err, "%s: the failed message's retry", d)
-		_, err = rest[0].node.Deliver(ctx, d, msg("after", "a-"+d))
+		_, err = rest[0].node.Deliver(ctx, d, groupMsg("after", "a-"+d))
 		require.NoError(t, err, d)
 		var bodies []string
 		for _, m := range rest {
@@ -240,11 +236,8 @@ func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
 	waitMembers(t, ms, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msg := func(body, key string) codec.Message {
-		return codec.Message{Tenant: "t", Group: "g", IdempotencyKey: key, Body: []byte(body)}
-	}
 	for _, d := range dests {
-		_, err := ms[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		_, err := ms[0].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		var ee *codec.EntryError
 		require.ErrorAs(t, err, &ee, d)
 	}
@@ -257,7 +250,7 @@ func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
 			continue
 		}
 		moved++
-		_, err := ms[1].node.Deliver(ctx, d, msg("held", "h-"+d))
+		_, err := ms[1].node.Deliver(ctx, d, groupMsg("held", "h-"+d))
 		var gp *messages.GroupPausedError
 		require.ErrorAs(t, err, &gp, "%s: the group's next message, after the join, before the failed one's retry", d)
 		assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k-" + d}, *gp)
@@ -266,9 +259,9 @@ func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, paused, "%s: member %d kept the pause it handed over", d, i)
 		}
-		_, err = ms[0].node.Deliver(ctx, d, msg("flaky", "k-"+d))
+		_, err = ms[0].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		require.NoError(t, err, "%s: the failed message's retry", d)
-		_, err = ms[1].node.Deliver(ctx, d, msg("after", "a-"+d))
+		_, err = ms[1].node.Deliver(ctx, d, groupMsg("after", "a-"+d))
 		require.NoError(t, err, d)
 		var bodies []string
 		for _, s := range joiner.fake(d).Sent() {
