@@ -20,9 +20,10 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
-// adoptCodec is a StrictGroups destination that fails bodies starting
-// "fail" retryably and answers the others with ids made of their bodies.
-func adoptCodec(name string, pauseMax time.Duration) *fakecodec.Codec {
+// flakyStrictCodec is a StrictGroups destination that fails bodies starting
+// "fail" retryably and answers the others with ids made of their bodies;
+// pauseMax 0 is the default GroupPauseMax.
+func flakyStrictCodec(name string, pauseMax time.Duration) *fakecodec.Codec {
 	c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 	c.Tune = codec.Tuning{Linger: time.Millisecond, StrictGroups: true, GroupPauseMax: pauseMax}
 	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
@@ -54,7 +55,7 @@ func TestAdv13PausesMoveBetweenInstances(t *testing.T) {
 	_, giver := start(t, actors.Config{Name: "adv13give"})
 	_, taker := start(t, actors.Config{Name: "adv13take"})
 	const pauseMax = time.Minute
-	c := adoptCodec("adv13move", pauseMax)
+	c := flakyStrictCodec("adv13move", pauseMax)
 	bg := context.Background()
 	for _, g := range []string{"a", "b"} {
 		_, err := deliverWithin(giver, c, g, "k-"+g, "fail-"+g)
@@ -108,7 +109,7 @@ func TestAdv13PausesMoveBetweenInstances(t *testing.T) {
 func TestAdv13AdoptPausedGroupsAtTheEdges(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "adv13edges"})
 	const pauseMax = 300 * time.Millisecond
-	c := adoptCodec("adv13edges", pauseMax)
+	c := flakyStrictCodec("adv13edges", pauseMax)
 	bg := context.Background()
 	_, err := deliverWithin(inst, c, "own", "k-own", "fail-own")
 	require.Error(t, err)
@@ -150,7 +151,7 @@ func TestAdv13AdoptRacingDeliveries(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "adv13race"})
 	bg := context.Background()
 	for round := range 30 {
-		c := adoptCodec(fmt.Sprint("adv13race-", round), time.Minute)
+		c := flakyStrictCodec(fmt.Sprint("adv13race-", round), time.Minute)
 		c.Tune.IdleTimeout = time.Millisecond
 		var wg sync.WaitGroup
 		var adopted sync.WaitGroup
@@ -208,7 +209,7 @@ func TestAdv13AdoptRacingStop(t *testing.T) {
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		for i := range 6 {
-			c := adoptCodec(fmt.Sprintf("adv13stop-%d-%d", round, i), time.Minute)
+			c := flakyStrictCodec(fmt.Sprintf("adv13stop-%d-%d", round, i), time.Minute)
 			wg.Add(2)
 			go func() {
 				defer wg.Done()

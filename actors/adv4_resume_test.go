@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,17 +37,7 @@ func (*crasher) Answer(*actor.PID, codec.Result) {}
 func adv4StrictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Instance, *fakecodec.Codec, func(group, body string) (string, error)) {
 	const within = 10 * time.Second
 	system, inst := start(t, actors.Config{Name: name})
-	c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
-	c.Tune = codec.Tuning{Linger: time.Millisecond, StrictGroups: true}
-	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-		res, _ := echoIDs(ctx, batch)
-		for i, m := range batch {
-			if strings.HasPrefix(string(m.Body), "fail") {
-				res[i] = codec.Result{Err: &codec.EntryError{Code: "Flaky"}}
-			}
-		}
-		return res, nil
-	}
+	c := flakyStrictCodec(name, 0)
 	deliver := func(group, body string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), within)
 		defer cancel()
