@@ -272,3 +272,35 @@ func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
 	require.Positive(t, moved, "the joiner owns none of the destinations: the test proved nothing")
 	t.Logf("%d of %d destinations moved to the joiner", moved, len(dests))
 }
+
+// Node.ResumeGroup when the destination's owner is silent and the member
+// lists still name it: an attempt that gets no answer is made again, until
+// the ctx ends, and the call then says ErrUnreachable wrapping the ctx's
+// error, by its deadline; once the provider drops the member, the owner
+// resolved anew answers (with nothing to resume: the pause died with its
+// member).
+func TestAdv13ResumeGroupWhenTheOwnerIsSilent(t *testing.T) {
+	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
+	owner, others := splitByOwner(t, ms, "strict")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := others[0].node.Deliver(ctx, "strict", groupMsg("flaky", "k1"))
+	var ee *codec.EntryError
+	require.ErrorAs(t, err, &ee)
+	owner.silence(t)
+
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	err = others[1].node.ResumeGroup(short, "strict", "g")
+	assert.ErrorIs(t, err, clustered.ErrUnreachable)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 5*time.Second, "past its deadline")
+
+	_ = owner.cluster.Config.ClusterProvider.Shutdown(false)
+	require.NoError(t, others[1].node.ResumeGroup(ctx, "strict", "g"), "once the member lists drop the crashed owner")
+	paused, err := others[0].node.PausedGroups(ctx, "strict")
+	require.NoError(t, err)
+	assert.Empty(t, paused)
+	waitMembers(t, others, 2)
+}

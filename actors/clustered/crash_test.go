@@ -15,8 +15,16 @@ import (
 // remote stop at once, with no hand-off and no goodbye. Its instance is
 // stopped when the test ends.
 func (m *member) crash(t testing.TB) {
-	m.gone = true
 	_ = m.cluster.Config.ClusterProvider.Shutdown(false)
+	m.silence(t)
+}
+
+// silence stops m's remote at once, as a hung or cut-off process: the
+// provider still lists it (until the test calls the provider's Shutdown),
+// and nothing sent to it is answered. Its instance is stopped when the test
+// ends.
+func (m *member) silence(t testing.TB) {
+	m.gone = true
 	m.cluster.Remote.Shutdown(false)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
