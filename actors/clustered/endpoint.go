@@ -65,7 +65,7 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 		case m.Destination == "":
 			n.onLeft(m.Member)
 		default:
-			n.adoptPauses(m)
+			n.adoptPauses(m.Destination, m.Member, m.Paused)
 		}
 	case *clusterpb.HandoffRequest:
 		if sender == nil {
@@ -145,18 +145,19 @@ func (n *Node) apply(h handoff) {
 	}
 }
 
-// adoptPauses pauses, on the member's instance, the groups a leaving member
-// handed over with m.Destination.
-func (n *Node) adoptPauses(m *clusterpb.HandoffDone) {
-	c := n.cfg.Destinations[m.Destination]
-	if c == nil || len(m.Paused) == 0 {
+// adoptPauses pauses, on the member's instance, the groups of destination
+// that member handed over (in a HandoffDone: answering a grain's
+// HandoffRequest, or as it left).
+func (n *Node) adoptPauses(destination, member string, paused []*clusterpb.PausedGroup) {
+	c := n.cfg.Destinations[destination]
+	if c == nil || len(paused) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
 	defer cancel()
-	if err := n.cfg.Instance.AdoptPausedGroups(ctx, c, pausesFromWire(m.Paused)); err != nil {
-		n.log.Warn("sinkbatch: the paused groups a leaving member handed over could not be paused here",
-			slog.String("destination", m.Destination), slog.String("member", m.Member), slog.Any("error", err))
+	if err := n.cfg.Instance.AdoptPausedGroups(ctx, c, pausesFromWire(paused)); err != nil {
+		n.log.Warn("sinkbatch: the paused groups another member handed over could not be paused here",
+			slog.String("destination", destination), slog.String("member", member), slog.Any("error", err))
 	}
 }
 

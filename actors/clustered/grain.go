@@ -1,7 +1,6 @@
 package clustered
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -34,7 +33,7 @@ const (
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
-	// adoptWait bounds how long a grain waits for its instance to take the
+	// adoptWait bounds how long a node waits for its instance to take the
 	// paused groups handed over (a batcher's mailbox's turn); they are
 	// paused before anything the grain admits after it in any case.
 	adoptWait = 5 * time.Second
@@ -73,15 +72,14 @@ type grain struct {
 	destination string
 	codec       codec.Codec
 	state       grainState
-	awaiting    map[string]bool        // members whose HandoffDone is missing
-	unreached   map[string]time.Time   // awaited members whose requests dead-lettered, since when
-	askedAt     time.Time              // when the grain began to wait
-	ownedAt     uint64                 // the topology version owns was computed for
-	owns        bool                   // the member owns destination in that version
-	openAt      uint64                 // the topology version the ledger was last opened in (ledger.open)
-	held        *held                  // the grain's ledger entry, from register
-	buffered    []parked               // deliveries received while waiting, in order
-	paused      []messages.PausedGroup // groups the members that handed off had paused, to pause here
+	awaiting    map[string]bool      // members whose HandoffDone is missing
+	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
+	askedAt     time.Time            // when the grain began to wait
+	ownedAt     uint64               // the topology version owns was computed for
+	owns        bool                 // the member owns destination in that version
+	openAt      uint64               // the topology version the ledger was last opened in (ledger.open)
+	held        *held                // the grain's ledger entry, from register
+	buffered    []parked             // deliveries received while waiting, in order
 	timer       *time.Timer
 }
 
@@ -107,10 +105,13 @@ func (g *grain) Receive(ctx actor.Context) {
 	case *clusterpb.HandoffDone:
 		if m != nil && g.state == waiting {
 			// The first HandoffDone of a member carries its pauses: it
-			// took them from its instance as it handed off.
+			// took them from its instance as it handed off. They are
+			// paused here at once, before the grain admits anything, and
+			// stay in the instance if the grain yields before it admits
+			// (the next hand-off takes them from there).
 			if g.awaiting[m.Member] {
 				delete(g.awaiting, m.Member)
-				g.paused = append(g.paused, pausesFromWire(m.Paused)...)
+				g.n.adoptPauses(g.destination, m.Member, m.Paused)
 			}
 			g.ask(ctx, false)
 		}
@@ -182,7 +183,6 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		if g.timer != nil {
 			g.timer.Stop()
 		}
-		g.adoptPauses()
 		for _, b := range g.buffered {
 			g.admit(b, newAdmitted())
 		}
@@ -199,22 +199,6 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		}
 		g.after(ctx, handoffRetry, retryTick{})
 	}
-}
-
-// adoptPauses pauses, on the member's instance, the groups the members
-// that handed off had paused, before the grain admits anything: a group's
-// next message still waits for the failed one's retry.
-func (g *grain) adoptPauses() {
-	if len(g.paused) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
-	defer cancel()
-	if err := g.n.cfg.Instance.AdoptPausedGroups(ctx, g.codec, g.paused); err != nil {
-		g.n.log.Warn("sinkbatch: the paused groups handed over with a destination could not be paused here",
-			slog.String("destination", g.destination), slog.Int("groups", len(g.paused)), slog.Any("error", err))
-	}
-	g.paused = nil
 }
 
 // unreachable notes that a HandoffRequest to member came back undelivered:
