@@ -240,3 +240,43 @@ func TestAdv13AdoptRacingStop(t *testing.T) {
 		system.Shutdown()
 	}
 }
+
+// AdoptPausedGroups whose ctx ends while the destination's batcher is busy
+// (its actor is inside the codec's Size for a slow message) returns the
+// ctx's error, and the pauses still reach the batcher before the next
+// delivery: the group is held. A ctx that ended before the call adopts
+// nothing.
+func TestAdv13AdoptGivingUpStillPauses(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adv13giveup"})
+	c := flakyStrictCodec("adv13giveup", time.Minute)
+	entered, slow := make(chan struct{}), make(chan struct{})
+	c.SizeHook = func(m codec.Message) int {
+		if string(m.Body) == "slow" {
+			close(entered)
+			<-slow
+		}
+		return len(m.Body)
+	}
+	bg := context.Background()
+	_, err := deliverWithin(inst, c, "warm", "", "warm")
+	require.NoError(t, err)
+	busy := make(chan error, 1)
+	go func() { _, err := deliverWithin(inst, c, "other", "", "slow"); busy <- err }()
+	<-entered // the batcher's actor is inside Size now
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	defer cancel()
+	err = inst.AdoptPausedGroups(ctx, c, []messages.PausedGroup{{Group: "g", Key: "k", Left: time.Minute}})
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	close(slow)
+	require.NoError(t, <-busy)
+	_, err = deliverWithin(inst, c, "g", "", "after-giving-up")
+	var gp *messages.GroupPausedError
+	require.ErrorAs(t, err, &gp, "the adoption that gave up waiting did not pause the group")
+	assert.Equal(t, "k", gp.Key)
+
+	done, cancelDone := context.WithCancel(bg)
+	cancelDone()
+	assert.ErrorIs(t, inst.AdoptPausedGroups(done, c, []messages.PausedGroup{{Group: "h", Key: "k", Left: time.Minute}}), context.Canceled)
+	_, err = deliverWithin(inst, c, "h", "", "not-adopted")
+	require.NoError(t, err, "a ctx that had ended adopted")
+}

@@ -56,9 +56,11 @@ func (i *Instance) TakePausedGroups(ctx context.Context, c codec.Codec) ([]messa
 // *messages.GroupPausedError until the message keyed Key is retried,
 // ResumeGroup, or the time runs out. It returns once the destination's
 // batcher (started if need be) has the pauses: PausedGroups lists them
-// then. Even if it gives up first (ctx ended, and the error wraps
-// ctx.Err()), they are in place before any delivery made after the call
-// returned is admitted. A group that is paused already keeps its pause,
+// then. If ctx ends while it waits for the batcher (the error wraps
+// ctx.Err()), the pauses are on their way all the same: they are in place
+// before any delivery made after the call returned is admitted. A ctx that
+// had ended before the call adopts nothing. A group that is paused already
+// keeps its pause,
 // and a destination without StrictGroups pauses nothing. It returns
 // messages.ErrStopped once Stop was called, and otherwise ResumeGroup's
 // errors.
