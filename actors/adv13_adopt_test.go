@@ -250,9 +250,10 @@ func TestAdv13AdoptGivingUpStillPauses(t *testing.T) {
 	_, inst := start(t, actors.Config{Name: "adv13giveup"})
 	c := flakyStrictCodec("adv13giveup", time.Minute)
 	entered, slow := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	c.SizeHook = func(m codec.Message) int {
 		if string(m.Body) == "slow" {
-			close(entered)
+			once.Do(func() { close(entered) })
 			<-slow
 		}
 		return len(m.Body)
