@@ -229,7 +229,9 @@ func BenchmarkClusterOnly(b *testing.B) {
 //	        callers make more than their third)
 //
 // Each alternates with one local instance in the same run, and reports
-// cluster/local.
+// cluster/local, and each way's CPU time per delivery (the whole process)
+// and cores busy: when both ways keep every core busy, cluster/local is
+// the ratio of their CPU costs, and only a cheaper path raises it.
 func BenchmarkClusterCallersWhere(b *testing.B) {
 	for _, where := range []string{"owner", "others", "even"} {
 		b.Run(where, func(b *testing.B) { benchCallersWhere(b, where) })
@@ -259,13 +261,16 @@ func benchCallersWhere(b *testing.B, where string) {
 		require.NoError(b, err)
 	}
 
-	var dLocal, dCluster time.Duration
+	var dLocal, dCluster, cLocal, cCluster time.Duration
 	for r := range benchRounds {
 		n := roundShare(b.N, r)
 		b.StartTimer()
+		c0 := cpuTime()
 		dLocal += drive(b, n, benchCallers, func(int) error {
 			return deliver(func(ctx context.Context) (string, error) { return inst.Deliver(ctx, local, msg) })
 		})
+		c1 := cpuTime()
+		cLocal += c1 - c0
 		parts := 1
 		if where == "even" {
 			parts = len(callers)
@@ -275,10 +280,15 @@ func benchCallersWhere(b *testing.B, where string) {
 				return callers[c%len(callers)].node.Deliver(ctx, "dest", msg)
 			})
 		})
+		cCluster += cpuTime() - c1
 		b.StopTimer()
 	}
 	rate := func(d time.Duration) float64 { return float64(b.N) / d.Seconds() }
 	b.ReportMetric(rate(dLocal), "local-deliveries/s")
 	b.ReportMetric(rate(dCluster), "cluster-deliveries/s")
 	b.ReportMetric(rate(dCluster)/rate(dLocal), "cluster/local")
+	b.ReportMetric(float64(cLocal.Nanoseconds())/float64(b.N), "local-cpu-ns/op")
+	b.ReportMetric(float64(cCluster.Nanoseconds())/float64(b.N), "cluster-cpu-ns/op")
+	b.ReportMetric(cLocal.Seconds()/dLocal.Seconds(), "local-cores")
+	b.ReportMetric(cCluster.Seconds()/dCluster.Seconds(), "cluster-cores")
 }
