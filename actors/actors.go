@@ -156,8 +156,8 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	return inst, nil
 }
 
-// ErrNilContext answers a Deliver or DeliverResult called with a nil
-// context. Permanent (codec.IsPermanent): pass context.Background() or a
+// ErrNilContext answers a method of Instance (Deliver, Stop, ResumeGroup, ...)
+// called with a nil context, which then does nothing. Permanent (codec.IsPermanent): pass context.Background() or a
 // context with the caller's deadline.
 var ErrNilContext error = nilContextError{}
 
@@ -348,8 +348,12 @@ func (i *Instance) Stats() Stats {
 // up: Stop then waits 5s for the mailboxes, logs an error naming what is
 // lost (the deliveries still in that batcher's mailbox), and waits at most
 // protoactor's 10s for the stuck batcher to stop. Stop may be called more
-// than once; later calls wait for the first.
+// than once; later calls wait for the first (each until its own ctx ends).
+// A nil ctx is answered ErrNilContext and stops nothing.
 func (i *Instance) Stop(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	err := i.sup.Stop(ctx)
 	i.waiters.close()
 	if i.metrics != nil {

@@ -437,8 +437,11 @@ func (n *Node) handPausesOver() {
 // what was not answered then reaches its callers at once, as ErrUnreachable
 // (messages.ErrStopped for a message this member had not yet written to its
 // owner, which it never will). Later calls wait for the first and return
-// its result.
+// its result. A nil ctx is answered actors.ErrNilContext and starts nothing.
 func (n *Node) Leave(ctx context.Context) error {
+	if ctx == nil {
+		return actors.ErrNilContext
+	}
 	n.once.Do(func() {
 		defer close(n.left)
 		n.leaving.Store(true)
