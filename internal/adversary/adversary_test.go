@@ -379,6 +379,21 @@ func (r *round) run() {
 		stopTimeout = 5 * time.Second
 	}
 	r.stopTimeout = stopTimeout
+	if r.on("nilctx") && rng.IntN(4) == 0 {
+		// Stop(nil) stops nothing: the real Stop below still drains (or
+		// "stop-hangs" says it does not).
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					r.violate("nilctx-stop-panics", "Stop(nil) panicked: %v", p)
+				}
+			}()
+			var nilCtx context.Context
+			if err := inst.Stop(nilCtx); !errors.Is(err, actors.ErrNilContext) {
+				r.violate("nilctx-stop", "Stop(nil) returned %v, not ErrNilContext", err)
+			}
+		}()
+	}
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), stopTimeout)
 	r.stopCalled.Store(time.Now().UnixNano())
 	stopped := make(chan error, 1)
