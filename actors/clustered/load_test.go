@@ -115,12 +115,18 @@ type load struct {
 // per callers: each sends its group's messages one after another, with a
 // 5 s deadline, a body "caller/seq" and that body as its idempotency key.
 func startLoad(from []*member, dests []string, groups, per int) *load {
+	return startLoadAs("m", from, dests, groups, per)
+}
+
+// startLoadAs is startLoad with callers named prefix, then the member's
+// index in from: loads that run at once need prefixes of their own.
+func startLoadAs(prefix string, from []*member, dests []string, groups, per int) *load {
 	l := &load{acked: map[string]string{}, errs: map[string]int{}, first: map[string]string{}, stop: make(chan struct{})}
 	for mi, m := range from {
 		for _, d := range dests {
 			for g := range groups {
 				for c := range per {
-					caller := fmt.Sprintf("m%d.%s.g%d.c%d", mi, d, g, c)
+					caller := fmt.Sprintf("%s%d.%s.g%d.c%d", prefix, mi, d, g, c)
 					l.wg.Add(1)
 					go l.caller(m, d, fmt.Sprintf("g%d", g), caller)
 				}
