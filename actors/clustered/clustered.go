@@ -70,7 +70,10 @@ var (
 	// been sent: retrying with the same idempotency key is safe.
 	ErrUnreachable = errors.New("sinkbatch: the destination's owner is unreachable")
 	// ErrUnknownDestination answers a delivery to a name that is not in
-	// Config.Destinations. Permanent (codec.IsPermanent).
+	// Config.Destinations: the caller's member's, or the owner's (a rolling
+	// deploy that adds a name reaches the members one at a time: give every
+	// member the name before anyone delivers to it). Permanent
+	// (codec.IsPermanent): nothing was sent.
 	ErrUnknownDestination error = permanentError("sinkbatch: unknown destination")
 )
 

@@ -45,6 +45,10 @@ const (
 	waiting   grainState = iota // asking the other members to hand off
 	admitting                   // handing deliveries to the local instance
 	yielding                    // refusing everything, then stopping
+	// unknown: the member owns a destination it has no codec for (a
+	// rolling deploy that adds a name reaches the members one at a time);
+	// it answers ErrUnknownDestination until it no longer owns it.
+	unknown
 )
 
 // yield tells a grain to stop admitting, hand its destination off and stop.
@@ -151,6 +155,12 @@ func (g *grain) abandonPosts(ctx actor.Context) {
 func (g *grain) start(ctx actor.Context, destination string) {
 	g.destination = destination
 	g.codec = g.n.cfg.Destinations[destination]
+	if g.codec == nil && g.owned() && !g.n.leaving.Load() {
+		// Yielding would send callers back here: they look the owner up
+		// again and find this member, until their deadlines.
+		g.state = unknown
+		return
+	}
 	if g.codec != nil && g.owned() {
 		g.held = g.n.ledger.register(destination, ctx.Self())
 	}
@@ -255,15 +265,13 @@ func (g *grain) deliverBatch(ctx actor.Context, b *clusterpb.DeliverBatch, sende
 
 // deliver takes one delivery, received at now.
 func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender *actor.PID, now time.Time) {
-	if g.codec == nil && g.state != yielding {
-		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
-		return
-	}
 	if g.state != yielding && (!g.owned() || g.n.leaving.Load()) {
 		g.yield(ctx)
 	}
 	b := parked{req: req, sender: sender, deadline: now.Add(time.Duration(req.BudgetNanos))}
 	switch g.state {
+	case unknown:
+		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
 	case yielding:
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, NotOwner: true})
 	case waiting:
