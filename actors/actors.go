@@ -327,6 +327,9 @@ func (rec *call) Release() {
 // destination's batcher.
 func (i *Instance) PID() *actor.PID { return i.sup.PID() }
 
+// System is the actor system the instance runs in (Start's).
+func (i *Instance) System() *actor.ActorSystem { return i.system }
+
 // Stats reads the instance's counters. It is cheap (five atomic loads) and
 // safe from any goroutine.
 func (i *Instance) Stats() Stats {

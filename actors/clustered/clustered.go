@@ -40,8 +40,8 @@ type Destinations map[string]codec.Codec
 // Config configures a Node.
 type Config struct {
 	// Instance is the member's local instance, which runs the batchers of
-	// the destinations this member owns. The caller starts it before New
-	// and stops it after Leave.
+	// the destinations this member owns. The caller starts it, in the
+	// actor system New is given, before New and stops it after Leave.
 	Instance     *actors.Instance
 	Destinations Destinations
 	// Logger receives the node's logs; nil: the actor system's logger.
@@ -142,6 +142,12 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("sinkbatch: clustered.New: nil actor system")
 	case cfg.Instance == nil:
 		return nil, fmt.Errorf("sinkbatch: clustered.Config.Instance is nil")
+	case cfg.Instance.System() != system:
+		// The grain hands deliveries to the instance by its PID, which
+		// names a process of the instance's system: sent through another
+		// system it reaches nothing (or that system's instance of the same
+		// name), and callers would wait out their deadlines.
+		return nil, fmt.Errorf("sinkbatch: clustered.Config.Instance runs in another actor system than the node's: start it in the system New is given")
 	case len(cfg.Destinations) == 0:
 		return nil, fmt.Errorf("sinkbatch: clustered.Config.Destinations is empty")
 	}

@@ -1,0 +1,46 @@
+//go:build !race
+
+package clustered_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/clustered"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+)
+
+// New refuses an Instance started in another actor system than the one it
+// is given. Before, New took it, and the grain handed every delivery to
+// the instance's PID through the node's system, where no such process
+// runs: each delivery waited out its caller's whole deadline and ended
+// ErrUnreachable, nothing was sent, and Leave then failed waiting for
+// answers that never came.
+func TestAdv14InstanceOfAnotherSystemIsRefused(t *testing.T) {
+	newSystem := func() *actor.ActorSystem {
+		return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
+	}
+	other, system := newSystem(), newSystem()
+	inst, err := actors.Start(other, actors.Config{Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, inst.Stop(context.Background())) })
+	require.Same(t, other, inst.System())
+	dests := clustered.Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}
+
+	_, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: quiet()})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "another actor system")
+
+	// The same instance is taken in its own system, and nothing of the
+	// refused New is left there (its endpoint is free).
+	n, err := clustered.New(other, clustered.Config{Instance: inst, Destinations: dests, Logger: quiet()})
+	require.NoError(t, err)
+	require.NoError(t, n.Leave(context.Background()), "a node never attached leaves at once")
+}
