@@ -217,8 +217,12 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 	if c.ActorSystem != n.system {
 		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster runs on another actor system than the node's")
 	}
-	if _, ok := c.Config.Kinds[Kind]; !ok {
+	switch k, ok := c.Config.Kinds[Kind]; {
+	case !ok:
 		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster has no kind %q (pass Node.Kind to cluster.WithKinds)", Kind)
+	case k != n.kind:
+		// Its grains would be another node's, or not sinkbatch's at all.
+		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster's kind %q is not this node's (pass this Node's Kind to cluster.WithKinds)", Kind)
 	}
 	if !n.cluster.CompareAndSwap(nil, c) {
 		return fmt.Errorf("sinkbatch: clustered.Attach: already attached")
