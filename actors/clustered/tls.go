@@ -36,7 +36,19 @@ func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.
 // can reach the port can publish with this member's credentials. cfg is
 // cloned; the server side always requires a verified client certificate
 // (against cfg.ClientCAs, or cfg.RootCAs when that is nil).
+//
+// TLSOptions panics, at set-up, if cfg is nil or names no CA to verify
+// peers by (ClientCAs and RootCAs both nil): Go would then verify client
+// certificates against the system's roots, and let in any peer holding a
+// client certificate from a public CA. To trust the system's roots on
+// purpose, set ClientCAs to x509.SystemCertPool().
 func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
+	switch {
+	case cfg == nil:
+		panic("sinkbatch: clustered.TLSOptions: nil *tls.Config")
+	case cfg.ClientCAs == nil && cfg.RootCAs == nil:
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has neither ClientCAs nor RootCAs, so any client certificate a public CA signed would be let in; use MutualTLS, or set ClientCAs")
+	}
 	server := cfg.Clone()
 	if server.ClientCAs == nil {
 		server.ClientCAs = server.RootCAs
