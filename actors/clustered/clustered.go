@@ -209,7 +209,8 @@ func (n *Node) Kind() *cluster.Kind { return n.kind }
 // Attach joins the node to c, a started member whose config holds Kind:
 // from then on the node serves the grains this member owns and answers
 // hand-off requests. It logs a WARN when the member's remote listens beyond
-// loopback without transport credentials (see TLSOptions).
+// loopback without transport credentials, or with TLS that lets in a client
+// without a certificate (see TLSOptions).
 func (n *Node) Attach(c *cluster.Cluster) error {
 	if c == nil {
 		return fmt.Errorf("sinkbatch: clustered.Attach: nil cluster")
@@ -227,9 +228,15 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 	if !n.cluster.CompareAndSwap(nil, c) {
 		return fmt.Errorf("sinkbatch: clustered.Attach: already attached")
 	}
-	if rc := c.Config.RemoteConfig; rc != nil && !loopback(rc.Host) && servesPlaintext(n.system.Address()) {
-		n.log.Warn("sinkbatch: cluster member listens beyond loopback without transport credentials: anyone who reaches it can publish to every destination with this member's credentials; use clustered.TLSOptions",
-			slog.String("address", n.system.Address()))
+	if rc := c.Config.RemoteConfig; rc != nil && !loopback(rc.Host) {
+		switch addr := n.system.Address(); {
+		case servesPlaintext(addr):
+			n.log.Warn("sinkbatch: cluster member listens beyond loopback without transport credentials: anyone who reaches it can publish to every destination with this member's credentials; use clustered.TLSOptions",
+				slog.String("address", addr))
+		case servesWithoutClientCert(addr):
+			n.log.Warn("sinkbatch: cluster member serves TLS beyond loopback without requiring client certificates: anyone who reaches it can publish to every destination with this member's credentials; use clustered.TLSOptions",
+				slog.String("address", addr))
+		}
 	}
 	// A topology published before New subscribed is in the member list.
 	if n.topo.empty() {

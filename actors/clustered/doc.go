@@ -153,8 +153,10 @@
 // authority and a member certificate into protoactor remote's gRPC server
 // and dial options, so that a peer without a certificate from the cluster's
 // authority can neither join the conversation nor deliver
-// (TestMutualTLS). Attach logs a WARN when the member listens beyond
-// loopback and its remote serves without TLS. The provider's own channel
+// (TestMutualTLS). TLSOptions refuses (panics at set-up) a config that
+// names no CA to verify peers by. Attach logs a WARN when the member
+// listens beyond loopback and its remote serves without TLS, or with TLS
+// that completes for a client without a certificate. The provider's own channel
 // (the automanaged health port, Consul, etcd, Kubernetes) decides
 // membership and needs protecting on its own terms: a stranger the provider
 // lists gets nothing and sends nothing through TLS, but the destinations the

@@ -75,12 +75,31 @@ func addServerOptions(opts ...grpc.ServerOption) remote.ConfigOption {
 	return func(c *remote.Config) { c.ServerOptions = append(c.ServerOptions, opts...) }
 }
 
+// servesWithoutClientCert reports whether the gRPC server at address
+// completes a TLS handshake, and answers HTTP/2, for a client that presents
+// no certificate: TLS that anyone may use. It does not check the server's
+// certificate, only whether the server checks the client's.
+func servesWithoutClientCert(address string) bool {
+	d := &tls.Dialer{
+		NetDialer: &net.Dialer{Timeout: 2 * time.Second},
+		// A probe of the server's checks: nothing it says is trusted.
+		Config: &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}},
+	}
+	return answersAt(address, func(a string) (net.Conn, error) { return d.Dial("tcp", a) })
+}
+
 // servesPlaintext reports whether the gRPC server at address answers
-// HTTP/2 without TLS: it sends the HTTP/2 client preface and an empty
-// SETTINGS frame, and a plaintext server answers with its SETTINGS frame,
-// where a TLS server answers with an alert or closes. It judges the server
-// by what it does, however its credentials were configured.
+// HTTP/2 without TLS (a TLS server answers the preface with an alert, or
+// closes). It judges the server by what it does, however its credentials
+// were configured.
 func servesPlaintext(address string) bool {
+	return answersAt(address, func(a string) (net.Conn, error) { return net.DialTimeout("tcp", a, 2*time.Second) })
+}
+
+// answersAt reports whether the server at address answers HTTP/2 on a
+// connection dial makes: it sends the HTTP/2 client preface and an empty
+// SETTINGS frame, and looks for the server's SETTINGS frame.
+func answersAt(address string, dial func(hostport string) (net.Conn, error)) bool {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
 		return false
@@ -88,10 +107,10 @@ func servesPlaintext(address string) bool {
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	conn, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 2*time.Second)
+	conn, err := dial(net.JoinHostPort(host, port))
 	if err != nil {
 		// An advertised address may not route back to the member itself.
-		if conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), 2*time.Second); err != nil {
+		if conn, err = dial(net.JoinHostPort("127.0.0.1", port)); err != nil {
 			return false
 		}
 	}
