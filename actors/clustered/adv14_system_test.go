@@ -69,3 +69,21 @@ func TestAdv14AttachRefusesAForeignKind(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not this node's")
 }
+
+// Attach refuses a node that has left: its grains would yield at once, and
+// no later Leave would shut the cluster down. Before, Attach took it.
+func TestAdv14AttachAfterLeaveIsRefused(t *testing.T) {
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
+	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, inst.Stop(context.Background())) })
+	dests := clustered.Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}
+	n, err := clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: quiet()})
+	require.NoError(t, err)
+	require.NoError(t, n.Leave(context.Background()))
+	c := cluster.New(system, cluster.Configure("sinkbatch-test", test.NewTestProvider(test.NewInMemAgent()), disthash.New(),
+		remote.Configure("127.0.0.1", 0), cluster.WithKinds(n.Kind())))
+	err = n.Attach(c)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "has left")
+}

@@ -225,6 +225,10 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 		// Its grains would be another node's, or not sinkbatch's at all.
 		return fmt.Errorf("sinkbatch: clustered.Attach: the cluster's kind %q is not this node's (pass this Node's Kind to cluster.WithKinds)", Kind)
 	}
+	if n.leaving.Load() {
+		// Its grains would yield at once, and no Leave would shut c down.
+		return fmt.Errorf("sinkbatch: clustered.Attach: the node has left (Leave was called); make a new one")
+	}
 	if !n.cluster.CompareAndSwap(nil, c) {
 		return fmt.Errorf("sinkbatch: clustered.Attach: already attached")
 	}
