@@ -156,9 +156,10 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 	return inst, nil
 }
 
-// ErrNilContext answers a method of Instance (Deliver, Stop, ResumeGroup, ...)
-// called with a nil context, which then does nothing. Permanent (codec.IsPermanent): pass context.Background() or a
-// context with the caller's deadline.
+// ErrNilContext answers a method of Instance (Deliver, Stop, ResumeGroup,
+// ...) called with a nil context, which then does nothing. Permanent
+// (codec.IsPermanent): pass context.Background() or a context with the
+// caller's deadline.
 var ErrNilContext error = nilContextError{}
 
 type nilContextError struct{}
