@@ -330,7 +330,9 @@ func (n *Node) cutSince(address string, t time.Time) bool {
 // cancellation ends it sooner. As with actors.Instance.Deliver, m's Body
 // and Attributes are read until m's batch is written to its owner (or its
 // request ended, on the owner itself), which can be after Deliver returned
-// on a cancelled ctx: do not change them after the call.
+// on a cancelled ctx: do not change them after the call. Deliver may be
+// called as soon as New returns: until Attach gives the node its first
+// topology, a delivery waits for it (within its deadline).
 func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message) (string, error) {
 	r, err := n.DeliverResult(ctx, destination, m)
 	return r.ID, err
