@@ -47,18 +47,25 @@ func TestAdv14OverlappingJoinsAndLeaves(t *testing.T) {
 	l := startLoad([]*member{m0, m1}, dests, 2, 4)
 	l.waitSuccesses(t, 300)
 
-	// 1. Slot 2 joins while slot 1 leaves, a random moment apart.
-	var m2 *member
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); m2 = startSlot(2) }()
-	go func() {
-		defer wg.Done()
-		time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
-		m1.leave(t)
-	}()
-	wg.Wait()
-	waitMembers(t, []*member{m0, m2}, 2)
+	// joinWhileLeaving starts slot's member while leaver leaves, a random
+	// moment (under 400 ms) after the start began, and returns the member.
+	joinWhileLeaving := func(slot int, leaver *member) *member {
+		var joined *member
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); joined = startSlot(slot) }()
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
+			leaver.leave(t)
+		}()
+		wg.Wait()
+		waitMembers(t, []*member{m0, joined}, 2)
+		return joined
+	}
+
+	// 1. Slot 2 joins while slot 1 leaves.
+	m2 := joinWhileLeaving(2, m1)
 	l2 := startLoadAs("second", []*member{m2}, dests, 2, 4)
 	l.waitSuccesses(t, 300)
 
@@ -70,16 +77,7 @@ func TestAdv14OverlappingJoinsAndLeaves(t *testing.T) {
 	l.waitSuccesses(t, 300)
 
 	// 3. Slot 2 comes back on its old address while slot 3 leaves.
-	wg.Add(2)
-	var m2b *member
-	go func() { defer wg.Done(); m2b = startSlot(2) }()
-	go func() {
-		defer wg.Done()
-		time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
-		m3.leave(t)
-	}()
-	wg.Wait()
-	waitMembers(t, []*member{m0, m2b}, 2)
+	m2b := joinWhileLeaving(2, m3)
 	l3 := startLoadAs("third", []*member{m2b}, dests, 2, 4)
 	l.waitSuccesses(t, 300)
 	l.finish()

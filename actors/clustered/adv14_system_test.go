@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
@@ -49,23 +50,41 @@ func TestAdv14InstanceOfAnotherSystemIsRefused(t *testing.T) {
 	require.NoError(t, n.Leave(context.Background()), "a node never attached leaves at once")
 }
 
+// unattached is a node on a new actor system with one destination, "d",
+// and its instance, neither attached to a cluster; the test's end makes the
+// node leave (if it has not) and stops the instance.
+func unattached(t *testing.T) (*actor.ActorSystem, *clustered.Node, *fakecodec.Codec) {
+	t.Helper()
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
+	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
+	require.NoError(t, err)
+	c := fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	n, err := clustered.New(system, clustered.Config{Instance: inst, Destinations: clustered.Destinations{"d": c}, Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		assert.NoError(t, n.Leave(ctx))
+		assert.NoError(t, inst.Stop(ctx))
+	})
+	return system, n, c
+}
+
+// testCluster is a cluster on system with the in-process provider and the
+// given kinds, not started.
+func testCluster(system *actor.ActorSystem, kinds ...*cluster.Kind) *cluster.Cluster {
+	return cluster.New(system, cluster.Configure("sinkbatch-test", test.NewTestProvider(test.NewInMemAgent()), disthash.New(),
+		remote.Configure("127.0.0.1", 0), cluster.WithKinds(kinds...)))
+}
+
 // Attach refuses a cluster whose kind of the node's name is not the node's
 // own (a kind made by hand, or another node's): its grains would not be
 // this node's. Before, Attach took it, and each grain then ran another
 // node's code, or none of sinkbatch's.
 func TestAdv14AttachRefusesAForeignKind(t *testing.T) {
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
-	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, inst.Stop(context.Background())) })
-	dests := clustered.Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}
-	n, err := clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: quiet()})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, n.Leave(context.Background())) })
+	system, n, _ := unattached(t)
 	foreign := cluster.NewKind(clustered.Kind, actor.PropsFromFunc(func(actor.Context) {}))
-	c := cluster.New(system, cluster.Configure("sinkbatch-test", test.NewTestProvider(test.NewInMemAgent()), disthash.New(),
-		remote.Configure("127.0.0.1", 0), cluster.WithKinds(foreign)))
-	err = n.Attach(c)
+	err := n.Attach(testCluster(system, foreign))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not this node's")
 }
@@ -73,17 +92,9 @@ func TestAdv14AttachRefusesAForeignKind(t *testing.T) {
 // Attach refuses a node that has left: its grains would yield at once, and
 // no later Leave would shut the cluster down. Before, Attach took it.
 func TestAdv14AttachAfterLeaveIsRefused(t *testing.T) {
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
-	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, inst.Stop(context.Background())) })
-	dests := clustered.Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}
-	n, err := clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: quiet()})
-	require.NoError(t, err)
+	system, n, _ := unattached(t)
 	require.NoError(t, n.Leave(context.Background()))
-	c := cluster.New(system, cluster.Configure("sinkbatch-test", test.NewTestProvider(test.NewInMemAgent()), disthash.New(),
-		remote.Configure("127.0.0.1", 0), cluster.WithKinds(n.Kind())))
-	err = n.Attach(c)
+	err := n.Attach(testCluster(system, n.Kind()))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "has left")
 }
