@@ -37,17 +37,20 @@ func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.
 // cloned; the server side always requires a verified client certificate
 // (against cfg.ClientCAs, or cfg.RootCAs when that is nil).
 //
-// TLSOptions panics, at set-up, if cfg is nil or names no CA to verify
-// peers by (ClientCAs and RootCAs both nil): Go would then verify client
-// certificates against the system's roots, and let in any peer holding a
-// client certificate from a public CA. To trust the system's roots on
-// purpose, set ClientCAs to x509.SystemCertPool().
+// TLSOptions panics, at set-up, if cfg is nil, holds no certificate for
+// the member to present, or names no CA to verify peers by (ClientCAs and
+// RootCAs both nil): Go would then verify client certificates against the
+// system's roots, and let in any peer holding a client certificate from a
+// public CA. To trust the system's roots on purpose, set ClientCAs to
+// x509.SystemCertPool().
 func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 	switch {
 	case cfg == nil:
 		panic("sinkbatch: clustered.TLSOptions: nil *tls.Config")
 	case cfg.ClientCAs == nil && cfg.RootCAs == nil:
 		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has neither ClientCAs nor RootCAs, so any client certificate a public CA signed would be let in; use MutualTLS, or set ClientCAs")
+	case cfg.GetCertificate == nil && (len(cfg.Certificates) == 0 || len(cfg.Certificates[0].Certificate) == 0):
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has no certificate for this member to present: no peer could connect to it, nor it to them")
 	}
 	server := cfg.Clone()
 	if server.ClientCAs == nil {
