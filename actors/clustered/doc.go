@@ -154,7 +154,7 @@
 // and dial options, so that a peer without a certificate from the cluster's
 // authority can neither join the conversation nor deliver
 // (TestMutualTLS). TLSOptions refuses (panics at set-up) a config that
-// names no CA to verify peers by. Attach logs a WARN when the member
+// names no CA to verify peers by, or holds no certificate. Attach logs a WARN when the member
 // listens beyond loopback and its remote serves without TLS, or with TLS
 // that completes for a client without a certificate. The provider's own channel
 // (the automanaged health port, Consul, etcd, Kubernetes) decides
