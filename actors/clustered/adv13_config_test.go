@@ -75,3 +75,31 @@ func TestAdv13TypedNilCodecIsRefusedByNew(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"typed" has a nil codec`)
 }
+
+// New refuses a destination whose codec's Limits or Tuning no batcher
+// accepts, and one whose codec panics when asked for them, naming the
+// destination: every member would otherwise start, and each delivery to it
+// be refused, permanently, on whichever member owns it.
+func TestAdv14BadCodecIsRefusedByNew(t *testing.T) {
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
+	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, inst.Stop(context.Background())) })
+	ok := fakecodec.New("ok", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	tooMany := fakecodec.New("many", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	tooMany.Tune = codec.Tuning{MaxEntries: 11}
+	noRoom := fakecodec.New("none", codec.Limits{MaxEntries: 0, MaxBytes: 1 << 20})
+	panicky := panickyLimits{fakecodec.New("panicky", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}
+	for name, c := range map[string]codec.Codec{"too-many": tooMany, "no-room": noRoom, "panicky": panicky} {
+		_, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: clustered.Destinations{"ok": ok, name: c}})
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), `"`+name+`"`, name)
+		assert.NotContains(t, err.Error(), "taken", "%s: refused for another reason", name)
+		assert.True(t, codec.IsPermanent(err) || name == "panicky", "%s: %v", name, err)
+	}
+}
+
+// panickyLimits is a codec whose Limits panics.
+type panickyLimits struct{ *fakecodec.Codec }
+
+func (panickyLimits) Limits() codec.Limits { panic("panickyLimits: Limits") }

@@ -18,6 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -135,7 +136,10 @@ type Node struct {
 }
 
 // New checks cfg and prepares a node; register its Kind with the cluster
-// before StartMember, then call Attach.
+// before StartMember, then call Attach. It refuses an Instance of another
+// actor system, a destination name outside [A-Za-z0-9._-]{1,200}, and a
+// codec that is nil or whose Limits or Tuning no batcher accepts (the error
+// names the destination).
 func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	switch {
 	case system == nil:
@@ -160,6 +164,9 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		}
 		if c == nil || nilPointer(c) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
+		}
+		if err := checkCodec(c); err != nil {
+			return nil, fmt.Errorf("sinkbatch: clustered destination %q: %w", name, err)
 		}
 		dests[name] = c
 	}
@@ -505,6 +512,20 @@ func (n *Node) Leave(ctx context.Context) error {
 	})
 	<-n.left
 	return n.leaveErr
+}
+
+// checkCodec is the check a batcher makes of c's Limits and Tuning as it
+// starts, made here so that a codec no batcher takes is refused when the
+// member starts rather than delivery by delivery on whichever member owns
+// it. A panic in the codec is an error too.
+func checkCodec(c codec.Codec) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the codec panicked in Limits or Tuning: %v", p)
+		}
+	}()
+	_, err = batcher.Resolve(c, actors.DefaultSinkConcurrency)
+	return err
 }
 
 // nilPointer reports whether c is a nil pointer in an interface (a nil
