@@ -23,7 +23,7 @@ import (
 // topology, its connection being cut, and the grain's restart on the new
 // topology (which no longer lists it).
 func TestAdv14CrashDuringAJoin(t *testing.T) {
-	pool := names(48)
+	pool := names(96)
 	w := newWatched(t, time.Second, pool...)
 	// A second per Publish: the victim is still draining when it crashes.
 	c := newManaged(t, 3)
@@ -38,7 +38,7 @@ func TestAdv14CrashDuringAJoin(t *testing.T) {
 			staying = append(staying, name)
 		}
 	}
-	require.Len(t, moving, 4, "too few destinations move from slot 1 to slot 2")
+	require.GreaterOrEqual(t, len(moving), 2, "too few destinations move from slot 1 to slot 2")
 	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
 	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o)}
 	t.Cleanup(func() { leaveAll(t, ms) })
@@ -71,4 +71,3 @@ func TestAdv14CrashDuringAJoin(t *testing.T) {
 	assert.Less(t, l.maxLat, 5*time.Second+time.Second, "a delivery outlived its 5 s deadline")
 	assert.Positive(t, joiner.inst.Stats().Batchers, "the joiner batches nothing")
 }
-

@@ -469,8 +469,12 @@ func (n *Node) handPausesOver() {
 // member leaves all the same and Leave returns an error wrapping ctx.Err():
 // what was not answered then reaches its callers at once, as ErrUnreachable
 // (messages.ErrStopped for a message this member had not yet written to its
-// owner, which it never will). Later calls wait for the first and return
-// its result. A nil ctx is answered actors.ErrNilContext and starts nothing.
+// owner, which it never will). protoactor's own shutdown, which takes 2 s
+// and up to 10 s more when a member this one talked to has died, is bounded
+// by ctx too: if ctx ends during it, Leave returns an error wrapping
+// ctx.Err() and the shutdown finishes in the background. Later calls wait
+// for the first and return its result. A nil ctx is answered
+// actors.ErrNilContext and starts nothing.
 func (n *Node) Leave(ctx context.Context) error {
 	if ctx == nil {
 		return actors.ErrNilContext
@@ -503,11 +507,26 @@ func (n *Node) Leave(ctx context.Context) error {
 			n.calls.failAll()
 			n.direct.fail(nodeQuit{}, true)
 		}
-		if c := n.cluster.Load(); c != nil {
-			n.shutdown(c)
+		// protoactor's graceful shutdown takes 2 s at least, and 10 s
+		// when the connection to a member that died is still retrying its
+		// dial (its remote waits for that endpoint writer to stop): it
+		// goes on in the background once ctx ends.
+		shut := make(chan struct{})
+		go func() {
+			defer close(shut)
+			if c := n.cluster.Load(); c != nil {
+				n.shutdown(c)
+			}
+			n.system.EventStream.Unsubscribe(n.sub)
+			n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
+		}()
+		select {
+		case <-shut:
+		case <-ctx.Done():
+			if n.leaveErr == nil {
+				n.leaveErr = fmt.Errorf("sinkbatch: clustered.Leave: handed off and left, but protoactor's shutdown outlived ctx and goes on in the background: %w", ctx.Err())
+			}
 		}
-		n.system.EventStream.Unsubscribe(n.sub)
-		n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
 		<-drained
 	})
 	<-n.left
