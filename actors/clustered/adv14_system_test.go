@@ -98,3 +98,47 @@ func TestAdv14AttachAfterLeaveIsRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "has left")
 }
+
+// A second Leave, while the first still drains, returns when its own ctx
+// ends, as a second Instance.Stop does; once the first is done, a later
+// call returns the first's result at once. Before, every later call
+// waited inside the first's sync.Once for all of it, whatever its own ctx.
+func TestAdv14SecondLeaveKeepsItsOwnCtx(t *testing.T) {
+	system, n, c := unattached(t)
+	release := make(chan struct{})
+	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return make([]codec.Result, len(batch)), nil
+	}
+	cl := testCluster(system, n.Kind())
+	cl.StartMember()
+	require.NoError(t, n.Attach(cl))
+	delivered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := n.Deliver(ctx, "d", codec.Message{Body: []byte("held")})
+		delivered <- err
+	}()
+	require.Eventually(t, func() bool { return c.Requests() > 0 }, 5*time.Second, 5*time.Millisecond)
+
+	first := make(chan error, 1)
+	go func() { first <- n.Leave(context.Background()) }() // drains: waits for the held request
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := n.Leave(ctx)
+	took := time.Since(start)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, took, 2*time.Second, "the second Leave waited for the first")
+
+	close(release)
+	require.NoError(t, <-delivered, "the held delivery was answered by the drain")
+	require.NoError(t, <-first)
+	require.NoError(t, n.Leave(ctx), "a call after the first ended returns its result, whatever its own ctx")
+}

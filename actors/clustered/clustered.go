@@ -132,7 +132,6 @@ type Node struct {
 	left     chan struct{} // closed when Leave returns
 	quit     chan struct{} // closed when Leave gives up waiting
 	leaveErr error
-	once     sync.Once
 }
 
 // New checks cfg and prepares a node; register its Kind with the cluster
@@ -473,15 +472,29 @@ func (n *Node) handPausesOver() {
 // and up to 10 s more when a member this one talked to has died, is bounded
 // by ctx too: if ctx ends during it, Leave returns an error wrapping
 // ctx.Err() and the shutdown finishes in the background. Later calls wait
-// for the first and return its result. A nil ctx is answered
+// for the first and return its result, or return when their own ctx ends
+// (an error wrapping ctx.Err()). A nil ctx is answered
 // actors.ErrNilContext and starts nothing.
 func (n *Node) Leave(ctx context.Context) error {
 	if ctx == nil {
 		return actors.ErrNilContext
 	}
-	n.once.Do(func() {
+	if !n.leaving.CompareAndSwap(false, true) {
+		// Another call leaves: wait for it, or for this call's ctx.
+		select {
+		case <-n.left:
+			return n.leaveErr
+		default:
+		}
+		select {
+		case <-n.left:
+			return n.leaveErr
+		case <-ctx.Done():
+			return fmt.Errorf("sinkbatch: clustered.Leave: waiting for an earlier Leave: %w", ctx.Err())
+		}
+	}
+	func() {
 		defer close(n.left)
-		n.leaving.Store(true)
 		grains, idle := n.ledger.leave()
 		for _, g := range grains {
 			n.system.Root.Send(g, yield{})
@@ -528,8 +541,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			}
 		}
 		<-drained
-	})
-	<-n.left
+	}()
 	return n.leaveErr
 }
 
