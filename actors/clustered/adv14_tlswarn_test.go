@@ -20,9 +20,9 @@ import (
 
 // Attach warns about a member that serves TLS beyond loopback but lets in
 // a client without a certificate (server credentials of the user's own,
-// without ClientAuth): anyone who reaches it can publish, as with
-// plaintext. Before, only plaintext was warned about. A member with
-// MutualTLS is not warned about.
+// without ClientAuth), or with one nobody issued (RequireAnyClientCert):
+// anyone who reaches it can publish, as with plaintext. Before, only
+// plaintext was warned about. A member with MutualTLS is not warned about.
 func TestAdv14AttachWarnsAboutTLSWithoutClientCerts(t *testing.T) {
 	ca := newAuthority(t, "cluster")
 	var logs testinst.Buffer
@@ -43,7 +43,14 @@ func TestAdv14AttachWarnsAboutTLSWithoutClientCerts(t *testing.T) {
 	assert.Equal(t, 1, logs.Count("serves TLS beyond loopback without requiring client certificates"), logs.String())
 	assert.Zero(t, logs.Count("without transport credentials"))
 
+	// A server that requires a client certificate but verifies none takes
+	// one anybody can make.
+	anyCert := &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS13}
+	dial := remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.pool, ServerName: "sinkbatch-cluster", Certificates: []tls.Certificate{cert}})))
+	start(remote.WithServerOptions(grpc.Creds(credentials.NewTLS(anyCert))), dial)
+	assert.Equal(t, 2, logs.Count("serves TLS beyond loopback without requiring client certificates"), "the member taking any certificate was not warned about")
+
 	start(clustered.TLSOptions(clustered.MutualTLS(ca.pool, ca.member(t, 3), "sinkbatch-cluster"))...)
-	assert.Equal(t, 1, logs.Count("serves TLS beyond loopback without requiring client certificates"), "the member with mutual TLS was warned about")
+	assert.Equal(t, 2, logs.Count("serves TLS beyond loopback without requiring client certificates"), "the member with mutual TLS was warned about")
 	assert.Zero(t, logs.Count("without transport credentials"))
 }

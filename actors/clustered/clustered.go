@@ -216,7 +216,7 @@ func (n *Node) Kind() *cluster.Kind { return n.kind }
 // from then on the node serves the grains this member owns and answers
 // hand-off requests. It logs a WARN when the member's remote listens beyond
 // loopback without transport credentials, or with TLS that lets in a client
-// without a certificate (see TLSOptions).
+// without a certificate or with a self-signed one (see TLSOptions).
 func (n *Node) Attach(c *cluster.Cluster) error {
 	if c == nil {
 		return fmt.Errorf("sinkbatch: clustered.Attach: nil cluster")

@@ -156,7 +156,8 @@
 // (TestMutualTLS). TLSOptions refuses (panics at set-up) a config that
 // names no CA to verify peers by, or holds no certificate. Attach logs a WARN when the member
 // listens beyond loopback and its remote serves without TLS, or with TLS
-// that completes for a client without a certificate. The provider's own channel
+// that completes for a client without a certificate or with one it made
+// itself. The provider's own channel
 // (the automanaged health port, Consul, etcd, Kubernetes) decides
 // membership and needs protecting on its own terms: a stranger the provider
 // lists gets nothing and sends nothing through TLS, but the destinations the

@@ -2,9 +2,14 @@ package clustered
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
+	"math/big"
 	"net"
 	"time"
 
@@ -79,16 +84,46 @@ func addServerOptions(opts ...grpc.ServerOption) remote.ConfigOption {
 }
 
 // servesWithoutClientCert reports whether the gRPC server at address
-// completes a TLS handshake, and answers HTTP/2, for a client that presents
-// no certificate: TLS that anyone may use. It does not check the server's
-// certificate, only whether the server checks the client's.
+// completes a TLS handshake, and answers HTTP/2, for a client without a
+// certificate it can verify: one that presents none, or one that presents
+// a certificate it made itself a moment ago (a server that requires any
+// certificate but verifies none). Either way, anyone may use it. It does
+// not check the server's certificate, only whether the server checks the
+// client's.
 func servesWithoutClientCert(address string) bool {
-	d := &tls.Dialer{
-		NetDialer: &net.Dialer{Timeout: 2 * time.Second},
+	probe := func(cfg *tls.Config) bool {
 		// A probe of the server's checks: nothing it says is trusted.
-		Config: &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}},
+		cfg.InsecureSkipVerify, cfg.NextProtos = true, []string{"h2"}
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 2 * time.Second}, Config: cfg}
+		return answersAt(address, func(a string) (net.Conn, error) { return d.Dial("tcp", a) })
 	}
-	return answersAt(address, func(a string) (net.Conn, error) { return d.Dial("tcp", a) })
+	if probe(&tls.Config{}) {
+		return true
+	}
+	stranger, err := selfSigned()
+	return err == nil && probe(&tls.Config{Certificates: []tls.Certificate{stranger}})
+}
+
+// selfSigned is a client certificate nobody issued: a fresh key signing
+// its own certificate.
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "sinkbatch-probe"},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 // servesPlaintext reports whether the gRPC server at address answers
