@@ -29,15 +29,8 @@ func TestAdv14CrashDuringAJoin(t *testing.T) {
 	c := newManaged(t, 3)
 	// Destinations the victim (slot 1) owns before the join and the joiner
 	// (slot 2) owns after it, and some that stay with slot 0.
-	var moving, staying []string
-	for _, name := range pool {
-		switch {
-		case c.owner(name, 0, 1) == 1 && c.owner(name, 0, 1, 2) == 2 && len(moving) < 4:
-			moving = append(moving, name)
-		case c.owner(name, 0, 1) == 0 && c.owner(name, 0, 1, 2) == 0 && len(staying) < 2:
-			staying = append(staying, name)
-		}
-	}
+	moving := c.moves(pool, 4, 1, []int{0, 1}, 2, []int{0, 1, 2})
+	staying := c.moves(pool, 2, 0, []int{0, 1}, 0, []int{0, 1, 2})
 	require.GreaterOrEqual(t, len(moving), 2, "too few destinations move from slot 1 to slot 2")
 	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
 	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o)}

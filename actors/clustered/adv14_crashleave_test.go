@@ -24,15 +24,10 @@ func TestAdv14CrashOfTheHeirDuringALeave(t *testing.T) {
 	// crashes.
 	w := newWatched(t, time.Second, pool...)
 	c := newManaged(t, 3)
-	var moving, staying []string
-	for _, name := range pool {
-		switch {
-		case c.owner(name, 0, 1, 2) == 1 && c.owner(name, 0, 2) == 2 && len(moving) < 4:
-			moving = append(moving, name)
-		case c.owner(name, 0, 1, 2) == 0 && len(staying) < 2:
-			staying = append(staying, name)
-		}
-	}
+	// Destinations the leaver (slot 1) owns and the heir (slot 2) takes
+	// when it leaves, and some that stay with slot 0.
+	moving := c.moves(pool, 4, 1, []int{0, 1, 2}, 2, []int{0, 2})
+	staying := c.moves(pool, 2, 0, []int{0, 1, 2}, 0, []int{0, 2})
 	require.GreaterOrEqual(t, len(moving), 2, "too few destinations move from slot 1 to slot 2")
 	o := memberOpts{codec: w.codecFor(t, handoffTuning)}
 	ms := []*member{c.start(t, 0, pool, o), c.start(t, 1, pool, o), c.start(t, 2, pool, o)}

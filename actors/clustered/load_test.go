@@ -98,6 +98,18 @@ func (c *managed) pick(pool []string, slot, n int, after ...int) []string {
 	return append(own, other...)
 }
 
+// moves returns up to n names of pool that slot from owns while the slots
+// in before are the members and slot to owns once the slots in after are.
+func (c *managed) moves(pool []string, n, from int, before []int, to int, after []int) []string {
+	var out []string
+	for _, name := range pool {
+		if len(out) < n && c.owner(name, before...) == from && c.owner(name, after...) == to {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // load runs callers until stopped and records what they were answered.
 type load struct {
 	mu     sync.Mutex
