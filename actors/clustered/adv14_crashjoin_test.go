@@ -24,8 +24,8 @@ import (
 // topology (which no longer lists it).
 func TestAdv14CrashDuringAJoin(t *testing.T) {
 	pool := names(96)
-	w := newWatched(t, time.Second, pool...)
 	// A second per Publish: the victim is still draining when it crashes.
+	w := newWatched(t, time.Second, pool...)
 	c := newManaged(t, 3)
 	// Destinations the victim (slot 1) owns before the join and the joiner
 	// (slot 2) owns after it, and some that stay with slot 0.
@@ -53,14 +53,8 @@ func TestAdv14CrashDuringAJoin(t *testing.T) {
 	l.waitSuccesses(t, 100)
 	l.finish()
 
-	missing, violations, unordered := l.checkAcknowledged(w)
+	unordered := l.checkCrashed(t, w)
 	t.Logf("crash during a join: %d delivered, errors %v, dropped after %v, longest gap %v, slowest delivery %v, unordered (unacknowledged included) %d",
 		len(l.acked), l.errs, dropped, l.gap(), l.maxLat, unordered)
-	assert.Zero(t, missing, "acknowledged but missing")
-	assert.Zero(t, violations, "acknowledged messages out of order or stored twice")
-	for class, n := range l.errs {
-		assert.Equal(t, "unreachable", class, "%d errors, first: %s", n, l.first[class])
-	}
-	assert.Less(t, l.maxLat, 5*time.Second+time.Second, "a delivery outlived its 5 s deadline")
 	assert.Positive(t, joiner.inst.Stats().Batchers, "the joiner batches nothing")
 }

@@ -14,10 +14,11 @@ import (
 // A member leaves gracefully and, while it drains, the member its
 // destinations are moving to crashes. The leaver's Leave must still end
 // within its ctx (it used to take 10.5 s on a 3 s ctx, and return nil:
-// protoactor's shutdown waits for its dial to the dead member to give up), callers (on the member that stays) must be answered
-// within their deadlines with nothing but ErrUnreachable as an error,
-// nothing acknowledged may be missing or out of its caller's order, and
-// the member that stays must take the destinations over.
+// protoactor's shutdown waits for its dial to the dead member to give
+// up), callers (on the member that stays) must be answered within their
+// deadlines with nothing but ErrUnreachable as an error, nothing
+// acknowledged may be missing or out of its caller's order, and the
+// member that stays must take the destinations over.
 func TestAdv14CrashOfTheHeirDuringALeave(t *testing.T) {
 	pool := names(96)
 	// A second per Publish: the leaver is still draining when the heir
@@ -64,14 +65,8 @@ func TestAdv14CrashOfTheHeirDuringALeave(t *testing.T) {
 	l.waitSuccesses(t, 100)
 	l.finish()
 
-	missing, violations, unordered := l.checkAcknowledged(w)
+	unordered := l.checkCrashed(t, w)
 	t.Logf("heir crashed during a leave: %d delivered, errors %v, Leave took %v, longest gap %v, slowest delivery %v, unordered (unacknowledged included) %d",
 		len(l.acked), l.errs, leaveTook, l.gap(), l.maxLat, unordered)
-	assert.Zero(t, missing, "acknowledged but missing")
-	assert.Zero(t, violations, "acknowledged messages out of order or stored twice")
-	for class, n := range l.errs {
-		assert.Equal(t, "unreachable", class, "%d errors, first: %s", n, l.first[class])
-	}
-	assert.Less(t, l.maxLat, 6*time.Second, "a delivery outlived its 5 s deadline")
 	assert.GreaterOrEqual(t, ms[0].inst.Stats().Batchers, len(moving)+len(staying), "the member that stays does not batch every destination")
 }

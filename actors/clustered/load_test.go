@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/cluster"
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/actors/clustered"
@@ -110,6 +111,27 @@ func (c *managed) moves(pool []string, n, from int, before []int, to int, after 
 	return out
 }
 
+// loadDeadline is each load delivery's deadline.
+const loadDeadline = 5 * time.Second
+
+// checkCrashed asserts what a crash promises the load's callers: every
+// acknowledged message stored, acknowledged messages in their callers'
+// order and stored once, ErrUnreachable the only error, and every answer
+// within loadDeadline (and a second of slack). It returns the stored
+// messages out of their callers' order, unacknowledged included, which a
+// crash may leave.
+func (l *load) checkCrashed(t *testing.T, w *watched) (unordered int) {
+	t.Helper()
+	missing, violations, unordered := l.checkAcknowledged(w)
+	assert.Zero(t, missing, "acknowledged but missing")
+	assert.Zero(t, violations, "acknowledged messages out of order or stored twice")
+	for class, n := range l.errs {
+		assert.Equal(t, "unreachable", class, "%d errors, first: %s", n, l.first[class])
+	}
+	assert.Less(t, l.maxLat, loadDeadline+time.Second, "a delivery outlived its deadline")
+	return unordered
+}
+
 // load runs callers until stopped and records what they were answered.
 type load struct {
 	mu     sync.Mutex
@@ -124,8 +146,9 @@ type load struct {
 }
 
 // startLoad starts, on each member of from, per destination and group,
-// per callers: each sends its group's messages one after another, with a
-// 5 s deadline, a body "caller/seq" and that body as its idempotency key.
+// per callers: each sends its group's messages one after another, each
+// with loadDeadline, a body "caller/seq" and that body as its idempotency
+// key.
 func startLoad(from []*member, dests []string, groups, per int) *load {
 	return startLoadAs("m", from, dests, groups, per)
 }
@@ -157,7 +180,7 @@ func (l *load) caller(m *member, dest, group, caller string) {
 		default:
 		}
 		body := fmt.Sprintf("%s/%d", caller, seq)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), loadDeadline)
 		start := time.Now()
 		id, err := m.node.Deliver(ctx, dest, codec.Message{Group: group, Body: []byte(body), IdempotencyKey: body})
 		cancel()
