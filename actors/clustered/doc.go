@@ -153,8 +153,10 @@
 // authority and a member certificate into protoactor remote's gRPC server
 // and dial options, so that a peer without a certificate from the cluster's
 // authority can neither join the conversation nor deliver
-// (TestMutualTLS). TLSOptions refuses (panics at set-up) a config that
-// names no CA to verify peers by, or holds no certificate. Attach logs a WARN when the member
+// (TestMutualTLS), and a member dials only servers holding a certificate
+// from it. TLSOptions refuses (panics at set-up) a config that names no CA
+// to verify peers by, lacks a certificate to serve or to present when
+// dialling, or skips verifying servers. Attach logs a WARN when the member
 // listens beyond loopback and its remote serves without TLS, or with TLS
 // that completes for a client without a certificate or with one it made
 // itself. The provider's own channel

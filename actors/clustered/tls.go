@@ -39,23 +39,35 @@ func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.
 // accepts deliveries to every destination, so give members a cfg that
 // requires and verifies client certificates (MutualTLS does), or anyone who
 // can reach the port can publish with this member's credentials. cfg is
-// cloned; the server side always requires a verified client certificate
-// (against cfg.ClientCAs, or cfg.RootCAs when that is nil).
+// cloned. The server side always requires a verified client certificate,
+// verified against cfg.ClientCAs (cfg.RootCAs when that is nil); the
+// dialling side verifies the server's against cfg.RootCAs (cfg.ClientCAs
+// when that is nil), so that a member sends deliveries only to a server
+// holding a certificate of the cluster's CA.
 //
-// TLSOptions panics, at set-up, if cfg is nil, holds no certificate for
-// the member to present, or names no CA to verify peers by (ClientCAs and
-// RootCAs both nil): Go would then verify client certificates against the
-// system's roots, and let in any peer holding a client certificate from a
-// public CA. To trust the system's roots on purpose, set ClientCAs to
-// x509.SystemCertPool().
+// TLSOptions panics, at set-up, if cfg is nil, names no CA to verify peers
+// by (ClientCAs and RootCAs both nil: Go would then verify peers against
+// the system's roots, and let in, or dial, any peer holding a certificate
+// from a public CA; to trust those on purpose, set ClientCAs to
+// x509.SystemCertPool()), has no certificate for the member to serve
+// (Certificates, GetCertificate or GetConfigForClient) or to present when
+// it dials (Certificates or GetClientCertificate), or skips verifying the
+// servers it dials (InsecureSkipVerify without VerifyPeerCertificate or
+// VerifyConnection to verify them instead).
 func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
-	switch {
-	case cfg == nil:
+	if cfg == nil {
 		panic("sinkbatch: clustered.TLSOptions: nil *tls.Config")
+	}
+	hasCert := len(cfg.Certificates) > 0 && len(cfg.Certificates[0].Certificate) > 0
+	switch {
 	case cfg.ClientCAs == nil && cfg.RootCAs == nil:
-		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has neither ClientCAs nor RootCAs, so any client certificate a public CA signed would be let in; use MutualTLS, or set ClientCAs")
-	case cfg.GetCertificate == nil && (len(cfg.Certificates) == 0 || len(cfg.Certificates[0].Certificate) == 0):
-		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has no certificate for this member to present: no peer could connect to it, nor it to them")
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has neither ClientCAs nor RootCAs, so any certificate a public CA signed would be trusted; use MutualTLS, or set ClientCAs")
+	case !hasCert && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil:
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has no certificate for this member to serve (Certificates or GetCertificate): no peer could connect to it")
+	case !hasCert && cfg.GetClientCertificate == nil:
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has no certificate for this member to present when it dials (Certificates or GetClientCertificate): no peer would let it connect")
+	case cfg.InsecureSkipVerify && cfg.VerifyPeerCertificate == nil && cfg.VerifyConnection == nil:
+		panic("sinkbatch: clustered.TLSOptions: the *tls.Config has InsecureSkipVerify and nothing else to verify the servers it dials by, so this member would send deliveries to any server the provider lists")
 	}
 	server := cfg.Clone()
 	if server.ClientCAs == nil {
@@ -63,6 +75,9 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 	}
 	server.ClientAuth = tls.RequireAndVerifyClientCert
 	client := cfg.Clone()
+	if client.RootCAs == nil {
+		client.RootCAs = client.ClientCAs
+	}
 	return []remote.ConfigOption{
 		addServerOptions(grpc.Creds(credentials.NewTLS(server))),
 		remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(client))),
