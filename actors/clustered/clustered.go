@@ -333,7 +333,9 @@ func (n *Node) cutSince(address string, t time.Time) bool {
 // wire, plus ErrUnreachable and ErrUnknownDestination. It waits at most
 // until the deadline ctx reports (kept by a timer of its own, whether or not
 // ctx's Done keeps it), or actors.DefaultTimeout when ctx has none; ctx's
-// cancellation ends it sooner. As with actors.Instance.Deliver, m's Body
+// cancellation ends it sooner, with ErrUnreachable wrapping
+// context.Canceled: the cancellation does not reach the owner, which may
+// still send m until its deadline. As with actors.Instance.Deliver, m's Body
 // and Attributes are read until m's batch is written to its owner (or its
 // request ended, on the owner itself), which can be after Deliver returned
 // on a cancelled ctx: do not change them after the call. Deliver may be

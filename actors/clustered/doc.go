@@ -43,9 +43,13 @@
 // *messages.GroupPausedError with their fields, and codec.IsPermanent gives
 // the same answer. The caller's deadline travels as the time left when its
 // batch is written (clocks differ between members; durations do not), so the
-// owner's batcher never sends a message after its caller stopped waiting,
-// give or take the batch's transit. A delivery whose deadline passed before
-// its batch was written is not sent. The caller's span (the OpenTelemetry
+// owner's batcher never sends a message after its caller's deadline, give or
+// take the batch's transit. A delivery whose deadline passed before its
+// batch was written is not sent. A cancellation does not travel: a caller
+// whose ctx is cancelled before its deadline is answered ErrUnreachable
+// wrapping context.Canceled, and its message may still be sent, until its
+// deadline, if its batch had left (a local instance's caller that cancels is
+// never sent unless its batch had left the instance). The caller's span (the OpenTelemetry
 // span in Deliver's ctx) travels too: when the owner's instance traces, the
 // delivery's create span is its child. Strings need not be UTF-8 (the codec
 // judges them, as in a local instance); an error's texts travel cut to 8 KiB.
