@@ -412,6 +412,7 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 		// not hold room. (A Listener answers at once; asking the process
 		// registry about every other sender would cost each delivery a
 		// lookup, so those are found by the sweeps.)
+		forget(c)
 		return false
 	}
 	// c stays current until it is queued or answered: if a panic comes in

@@ -41,6 +41,27 @@ type Listener interface {
 	Answer(pid *actor.PID, r codec.Result)
 }
 
+// Forgetter is a Listener told when a batcher lets go of a call that
+// stopped listening without answering it: its entry was dropped before it
+// was sent (Listening said no), and nothing will be sent or answered for
+// it. Like a Listener's, Forgotten is called from the batcher's actor, must
+// be quick and must not block or panic. An entry is either answered or
+// forgotten, never both; an entry that left in a request is answered.
+type Forgetter interface {
+	Forgotten(pid *actor.PID)
+}
+
+// forget tells c's Listener, if it is a Forgetter, that c was dropped
+// unanswered.
+func forget(c caller) {
+	if c.sender == nil {
+		return
+	}
+	if f, ok := listenerOf(c.deliver).(Forgetter); ok {
+		f.Forgotten(c.sender)
+	}
+}
+
 // Direct, as a Deliver's Ref, names the sender's Listener, so that the
 // batcher answers it and asks whether it listens without a process
 // registry lookup. The front door sets it; Delivered.Ref echoes it.
@@ -213,14 +234,17 @@ func (b *Batcher) alive(e *entry) bool {
 
 // answerDropped answers the entries the queue dropped at now: those whose
 // deadline passed get errExpired (if their caller still listens: see
-// tell); those whose caller is gone get nothing.
+// tell); those whose caller is gone get nothing (a Forgetter is told).
 func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 	for _, e := range dropped {
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
-		} else if e.to.span != nil && !e.to.callerEnds {
+			continue
+		}
+		if e.to.span != nil && !e.to.callerEnds {
 			b.tracing.abandonCreate(e.to.span)
 		}
+		forget(e.to)
 	}
 }
 

@@ -2,6 +2,7 @@ package clustered
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -89,6 +90,8 @@ type call struct {
 
 	// timer keeps the deadline of the caller waiting on answer.
 	timer *time.Timer
+	// grain: a delivery's, told if its caller cancels once it was written.
+	grain *actor.PID
 
 	// A delivery admitted directly (Node.here) is in directCalls, not in
 	// calls: result is its answer, set before answeredHere is sent on
@@ -118,7 +121,7 @@ func newCall(target string, queued bool) *call {
 // recycle puts c back in callPool; its answer was taken, or will never be
 // sent.
 func recycle(c *call) {
-	c.target, c.queued, c.batch, c.batchID, c.result = "", false, nil, 0, codec.Result{}
+	c.target, c.queued, c.batch, c.batchID, c.result, c.grain = "", false, nil, 0, codec.Result{}, nil
 	callPool.Put(c)
 }
 
@@ -223,17 +226,18 @@ func (cs *calls) release(c *call) {
 }
 
 // end forgets call id, whose caller stopped waiting. It reports whether
-// the call still waited: if not, its answer is on its way.
-func (cs *calls) end(id uint32) bool {
+// the call still waited (if not, its answer is on its way) and whether it
+// had been written (a delivery no longer queued; any other call).
+func (cs *calls) end(id uint32) (waited, written bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	c := cs.m[id]
 	if c == nil {
-		return false
+		return false, false
 	}
 	delete(cs.m, id)
 	cs.release(c)
-	return true
+	return true, !c.queued
 }
 
 // carry records that batch id takes queued, dropping (in place) the
@@ -510,6 +514,7 @@ func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, d
 		return a, nil
 	}
 	q.call = id
+	c.grain = grain
 	n.queueDelivery(grain, destination, q)
 	return n.wait(ctx, deadline, id, c, nil)
 }
@@ -634,19 +639,24 @@ func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call,
 		}
 		c.timer.Stop()
 	}
-	if !n.stopWaiting(id, c) {
+	switch waited, written := n.stopWaiting(id, c); {
+	case !waited:
 		<-c.answer
+	case written && c.grain != nil && errors.Is(ctx.Err(), context.Canceled):
+		// The owner may hold it: it drops it unless it was sent.
+		n.cancelDelivery(c.grain, id, deadline)
 	}
 	n.done(id, c)
 	return nil, err
 }
 
 // stopWaiting ends call id (0: c, a direct delivery), whose caller stopped
-// waiting. It reports whether the call still waited: if not, its answer is
-// on its way.
-func (n *Node) stopWaiting(id uint32, c *call) bool {
+// waiting. It reports whether the call still waited (if not, its answer is
+// on its way) and, if it did, whether it was written to its owner (a
+// delivery no longer queued in an outbox).
+func (n *Node) stopWaiting(id uint32, c *call) (waited, written bool) {
 	if id == 0 {
-		return n.direct.abandon(c)
+		return n.direct.abandon(c), false
 	}
 	return n.calls.end(id)
 }

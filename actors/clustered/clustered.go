@@ -122,6 +122,7 @@ type Node struct {
 	direct   directCalls // deliveries admitted directly, waiting
 	outboxes outboxes    // deliveries waiting to be written to their grains
 	replies  replyBoxes  // answers waiting to be written to their callers
+	cancels  cancels     // deliveries whose callers on other members cancelled
 	cache    pidCache
 
 	cluster  atomic.Pointer[cluster.Cluster]
@@ -334,8 +335,8 @@ func (n *Node) cutSince(address string, t time.Time) bool {
 // until the deadline ctx reports (kept by a timer of its own, whether or not
 // ctx's Done keeps it), or actors.DefaultTimeout when ctx has none; ctx's
 // cancellation ends it sooner, with ErrUnreachable wrapping
-// context.Canceled: the cancellation does not reach the owner, which may
-// still send m until its deadline. As with actors.Instance.Deliver, m's Body
+// context.Canceled: the cancellation is sent to the owner, which drops m
+// unless it sent m before the cancellation arrived. As with actors.Instance.Deliver, m's Body
 // and Attributes are read until m's batch is written to its owner (or its
 // request ended, on the owner itself), which can be after Deliver returned
 // on a cancelled ctx: do not change them after the call. Deliver may be

@@ -45,11 +45,10 @@
 // batch is written (clocks differ between members; durations do not), so the
 // owner's batcher never sends a message after its caller's deadline, give or
 // take the batch's transit. A delivery whose deadline passed before its
-// batch was written is not sent. A cancellation does not travel: a caller
+// batch was written is not sent. A cancellation travels too: a caller
 // whose ctx is cancelled before its deadline is answered ErrUnreachable
-// wrapping context.Canceled, and its message may still be sent, until its
-// deadline, if its batch had left (a local instance's caller that cancels is
-// never sent unless its batch had left the instance). The caller's span (the OpenTelemetry
+// wrapping context.Canceled (its message may have been sent), and the owner
+// drops its message unless the batcher sent it before the cancel arrived. The caller's span (the OpenTelemetry
 // span in Deliver's ctx) travels too: when the owner's instance traces, the
 // delivery's create span is its child. Strings need not be UTF-8 (the codec
 // judges them, as in a local instance); an error's texts travel cut to 8 KiB.

@@ -26,3 +26,7 @@ func (n *Node) OpenHere(destination string) bool {
 // NewTopologyVersion bumps the node's topology version, as a member list
 // that changes no owner would.
 func (n *Node) NewTopologyVersion() { n.topo.version.Add(1) }
+
+// CancelsKept is how many cancels of its callers' deliveries the node
+// keeps.
+func (n *Node) CancelsKept() int { return int(n.cancels.n.Load()) }

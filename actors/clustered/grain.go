@@ -106,6 +106,10 @@ func (g *grain) Receive(ctx actor.Context) {
 	case *outgoing:
 		// A batch from this member: taken as it is received.
 		g.deliverBatch(ctx, m.take(), ctx.Sender())
+	case *clusterpb.CancelDelivery:
+		if m != nil {
+			g.cancel(ctx.Sender(), m)
+		}
 	case *clusterpb.HandoffDone:
 		if m != nil && g.state == waiting {
 			// The first HandoffDone of a member carries its pauses: it
@@ -367,9 +371,38 @@ func (a *admitted) Release() {
 	admittedPool.Put(a)
 }
 
-// Listening is true: the caller, on another member, stops waiting at the
-// deadline its Deliver carries, which the batcher keeps.
-func (a *admitted) Listening(*actor.PID) bool { return true }
+// Listening reports whether the delivery's caller still waits for it: a
+// caller that admitted directly, while its call still waits with a's token;
+// another, until it cancels (its deadline the batcher keeps itself).
+func (a *admitted) Listening(*actor.PID) bool {
+	switch {
+	case a.here:
+		return a.directCall.pending.Load() == a.token
+	case a.replyTo != nil:
+		return !a.n.cancels.has(callKey{a.replyTo.Address, a.call})
+	}
+	return true
+}
+
+// settled forgets the cancel of a's caller, if any: a is answered or
+// forgotten.
+func (a *admitted) settled() {
+	if a.replyTo != nil {
+		a.n.cancels.done(callKey{a.replyTo.Address, a.call})
+	}
+}
+
+// Forgotten is the batcher dropping the delivery, unsent and unanswered,
+// as its caller stopped waiting: it counts as answered in the ledger, once.
+// Nobody is answered: the caller gave up.
+func (a *admitted) Forgotten(*actor.PID) {
+	if !a.answered.CompareAndSwap(false, true) {
+		return
+	}
+	a.settled()
+	n := a.n
+	n.apply(n.ledger.answered(a.held))
+}
 
 // Answer sends the delivery's answer to its caller and counts it answered
 // in the ledger, once.
@@ -378,6 +411,7 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 		return
 	}
 	n, h := a.n, a.held
+	a.settled()
 	if a.here {
 		n.direct.answer(a.directCall, a.token, r)
 	} else {

@@ -1047,6 +1047,64 @@ func (x *GroupsReply) GetError() *Error {
 	return nil
 }
 
+// CancelDelivery tells a grain, from the member whose caller made it, that
+// the caller of a delivery (its DeliverRequest's call) cancelled: unless
+// the owner's batcher sent it already, it is dropped, never sent nor
+// answered. It follows the delivery's batch to the same grain. budget_nanos
+// is how long the caller would have waited still: the owner keeps the
+// cancellation that long.
+type CancelDelivery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Call          uint32                 `protobuf:"varint,1,opt,name=call" json:"call,omitempty"`
+	BudgetNanos   int64                  `protobuf:"varint,2,opt,name=budget_nanos,json=budgetNanos" json:"budget_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelDelivery) Reset() {
+	*x = CancelDelivery{}
+	mi := &file_clusterpb_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelDelivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelDelivery) ProtoMessage() {}
+
+func (x *CancelDelivery) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelDelivery.ProtoReflect.Descriptor instead.
+func (*CancelDelivery) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CancelDelivery) GetCall() uint32 {
+	if x != nil {
+		return x.Call
+	}
+	return 0
+}
+
+func (x *CancelDelivery) GetBudgetNanos() int64 {
+	if x != nil {
+		return x.BudgetNanos
+	}
+	return 0
+}
+
 var File_clusterpb_proto protoreflect.FileDescriptor
 
 const file_clusterpb_proto_rawDesc = "" +
@@ -1125,7 +1183,10 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\x06resume\x18\x03 \x01(\bR\x06resume\"Z\n" +
 	"\vGroupsReply\x12\x16\n" +
 	"\x06paused\x18\x01 \x03(\tR\x06paused\x123\n" +
-	"\x05error\x18\x02 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error*\x8f\x03\n" +
+	"\x05error\x18\x02 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error\"G\n" +
+	"\x0eCancelDelivery\x12\x12\n" +
+	"\x04call\x18\x01 \x01(\rR\x04call\x12!\n" +
+	"\fbudget_nanos\x18\x02 \x01(\x03R\vbudgetNanos*\x8f\x03\n" +
 	"\bSentinel\x12\x18\n" +
 	"\x14SENTINEL_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10SENTINEL_STOPPED\x10\x01\x12\x19\n" +
@@ -1157,7 +1218,7 @@ func file_clusterpb_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterpb_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_clusterpb_proto_goTypes = []any{
 	(Sentinel)(0),          // 0: sinkbatch.clustered.v1.Sentinel
 	(*DeliverBatch)(nil),   // 1: sinkbatch.clustered.v1.DeliverBatch
@@ -1174,11 +1235,12 @@ var file_clusterpb_proto_goTypes = []any{
 	(*PausedGroup)(nil),    // 12: sinkbatch.clustered.v1.PausedGroup
 	(*GroupsRequest)(nil),  // 13: sinkbatch.clustered.v1.GroupsRequest
 	(*GroupsReply)(nil),    // 14: sinkbatch.clustered.v1.GroupsReply
-	nil,                    // 15: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	(*CancelDelivery)(nil), // 15: sinkbatch.clustered.v1.CancelDelivery
+	nil,                    // 16: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 }
 var file_clusterpb_proto_depIdxs = []int32{
 	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
-	15, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	16, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 	3,  // 2: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
 	6,  // 3: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
 	4,  // 4: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
@@ -1206,7 +1268,7 @@ func file_clusterpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterpb_proto_rawDesc), len(file_clusterpb_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
