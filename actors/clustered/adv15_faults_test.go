@@ -30,14 +30,28 @@ import (
 type faultLedger struct {
 	mu       sync.Mutex
 	outcomes map[string][]string
-	at       map[string]time.Time // when its request began
+	at       map[string]time.Time // when its request reached the codec
+	requests []faultRequest
 }
 
-func (f *faultLedger) record(body, outcome string) {
+// faultRequest is one request a codec took: when, and its messages.
+type faultRequest struct {
+	member   int // the member whose codec took it, in start order
+	dest     string
+	at       time.Time
+	messages []codec.Message
+	outcomes []string
+}
+
+func (f *faultLedger) record(member int, dest string, batch []codec.Message, outcomes []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.outcomes[body] = append(f.outcomes[body], outcome)
-	f.at[body] = time.Now()
+	now := time.Now()
+	for i, m := range batch {
+		f.outcomes[string(m.Body)] = append(f.outcomes[string(m.Body)], outcomes[i])
+		f.at[string(m.Body)] = now
+	}
+	f.requests = append(f.requests, faultRequest{member: member, dest: dest, at: now, messages: append([]codec.Message(nil), batch...), outcomes: outcomes})
 }
 
 func (f *faultLedger) sentAt(body string) time.Time {
@@ -58,9 +72,9 @@ func (f *faultLedger) of(body string) []string {
 // (an entry throttled), "whole" (the whole request fails with an entry
 // error of code Whole) or "panic" (SendBatch panics). A message accepted
 // gets the id "id:" + its body, so an answer's id says whose it is.
-func faultCodec(name string, ledger *faultLedger) codec.Codec {
+func faultCodec(member int, name string, ledger *faultLedger, tune codec.Tuning) codec.Codec {
 	c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
-	c.Latency, c.Jitter, c.Discard = 7*time.Millisecond, 5*time.Millisecond, true
+	c.Latency, c.Jitter, c.Discard, c.Tune = 7*time.Millisecond, 5*time.Millisecond, true, tune
 	c.Hook = func(_ context.Context, batch []codec.Message) ([]codec.Result, error) {
 		whole := ""
 		for _, m := range batch {
@@ -71,10 +85,12 @@ func faultCodec(name string, ledger *faultLedger) codec.Codec {
 				}
 			}
 		}
+		outcomes := make([]string, len(batch))
 		if whole != "" {
-			for _, m := range batch {
-				ledger.record(string(m.Body), whole)
+			for i := range batch {
+				outcomes[i] = whole
 			}
+			ledger.record(member, name, batch, outcomes)
 			if whole == "panic" {
 				panic("faultCodec: a message asked for a panic")
 			}
@@ -83,7 +99,7 @@ func faultCodec(name string, ledger *faultLedger) codec.Codec {
 		res := make([]codec.Result, len(batch))
 		for i, m := range batch {
 			what := directive(m)
-			ledger.record(string(m.Body), what)
+			outcomes[i] = what
 			switch what {
 			case "retry":
 				res[i].Err = &codec.EntryError{Code: "Retry", Message: "try again"}
@@ -95,9 +111,18 @@ func faultCodec(name string, ledger *faultLedger) codec.Codec {
 				res[i].ID = "id:" + string(m.Body)
 			}
 		}
+		ledger.record(member, name, batch, outcomes)
 		return res, nil
 	}
 	return c
+}
+
+// groupOf is the group of the message whose body is body: its caller's
+// number (the body's second field, "c<n>") mod 5.
+func groupOf(body string) string {
+	var caller int
+	fmt.Sscanf(strings.Split(body, "/")[1], "c%d", &caller)
+	return fmt.Sprintf("g%d", caller%5)
 }
 
 // deadlineSlack is how long after its caller's deadline a message may
@@ -141,9 +166,22 @@ func TestAdv15EveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
 
 	ledger := &faultLedger{outcomes: map[string][]string{}, at: map[string]time.Time{}}
 	dests := names(6)
+	// Each destination's flow: the default, strict groups, blocking on a
+	// small queue, adaptive in-flight, refusing on a small queue, and all
+	// three together.
+	tunings := map[string]codec.Tuning{
+		"dest-0": {},
+		"dest-1": {StrictGroups: true},
+		"dest-2": {WhenFull: codec.Block, QueueMax: 16},
+		"dest-3": {Adaptive: true, MaxInflight: 8},
+		"dest-4": {QueueMax: 8},
+		"dest-5": {StrictGroups: true, WhenFull: codec.Block, QueueMax: 16, Adaptive: true, MaxInflight: 8},
+	}
 	agent := test.NewInMemAgent()
-	o := memberOpts{codec: func(name string) codec.Codec { return faultCodec(name, ledger) }, noCleanup: true}
+	started := 0 // members started: the member a codec is made for
+	o := memberOpts{codec: func(name string) codec.Codec { return faultCodec(started, name, ledger, tunings[name]) }, noCleanup: true}
 	start := func() *member {
+		started++
 		o := o
 		o.provider = test.NewTestProvider(agent, test.WithTestProviderServiceTtl(time.Second), test.WithTestProviderRefreshTtl(100*time.Millisecond))
 		return startMember(t, dests, o)
@@ -218,8 +256,9 @@ func TestAdv15EveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
 				default:
 				}
 				dest := dests[random(len(dests))]
-				body := fmt.Sprintf("%s/c%d/%d/%s", dest, ci, seq, fate())
-				msg := codec.Message{Tenant: fmt.Sprintf("t%d", ci%4), Body: []byte(body)}
+				key := fmt.Sprintf("%s/c%d/%d", dest, ci, seq)
+				body := fmt.Sprintf("%s.0/%s", key, fate())
+				msg := codec.Message{Tenant: fmt.Sprintf("t%d", ci%4), Group: fmt.Sprintf("g%d", ci%5), IdempotencyKey: key, Body: []byte(body)}
 				deadline := time.Duration(200+random(2800)) * time.Millisecond
 				if random(4) == 0 {
 					// The actor form: fire, and take the answer in the collector.
@@ -228,33 +267,49 @@ func TestAdv15EveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
 					time.Sleep(time.Duration(random(5)) * time.Millisecond)
 					continue
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), deadline)
-				if random(8) == 0 {
-					// A caller that gives up early.
-					time.AfterFunc(time.Duration(random(30))*time.Millisecond, cancel)
+				// A message of a strict destination that failed retryably
+				// is retried (up to twice, to be accepted), with its key:
+				// the retry resumes its group.
+				for attempt := 1; ; attempt++ {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					if random(8) == 0 {
+						// A caller that gives up early.
+						time.AfterFunc(time.Duration(random(30))*time.Millisecond, cancel)
+					}
+					id, err := m.node.Deliver(ctx, dest, msg)
+					var gaveUp time.Time
+					if ctx.Err() != nil {
+						gaveUp = time.Now()
+					}
+					cancel()
+					mu.Lock()
+					answers = append(answers, answer{body: body, dest: dest, from: m.system.Address(), id: id, err: err, gaveUp: gaveUp})
+					mu.Unlock()
+					var entry *codec.EntryError
+					retryable := errors.Is(err, codec.ErrCodecPanic) || (errors.As(err, &entry) && !entry.Permanent)
+					if !tunings[dest].StrictGroups || !retryable || attempt > 2 {
+						break
+					}
+					body = fmt.Sprintf("%s.%d/ok", key, attempt)
+					msg.Body = []byte(body)
 				}
-				id, err := m.node.Deliver(ctx, dest, msg)
-				var gaveUp time.Time
-				if ctx.Err() != nil {
-					gaveUp = time.Now()
-				}
-				cancel()
-				mu.Lock()
-				answers = append(answers, answer{body: body, dest: dest, from: m.system.Address(), id: id, err: err, gaveUp: gaveUp})
-				mu.Unlock()
 			}
 		}()
 	}
 
 	// A fourth member joins, and later leaves, while the callers run.
 	time.Sleep(1500 * time.Millisecond)
+	joinAt := time.Now()
 	fourth := start()
+	joinedAt := time.Now()
 	allMu.Lock()
 	all = append(all, fourth)
 	allMu.Unlock()
 	waitMembers(t, append(ms, fourth), 4)
 	time.Sleep(1500 * time.Millisecond)
+	leaveAt := time.Now()
 	fourth.leave(t)
+	leftAt := time.Now()
 	waitMembers(t, ms, 3)
 	time.Sleep(1000 * time.Millisecond)
 	close(stop)
@@ -294,8 +349,74 @@ func TestAdv15EveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
 			}
 		}
 	}
+	// StrictGroups: once a request fails messages of a group retryably,
+	// the group's next message sent is the retry of one of them (its key),
+	// which resumes the group if accepted (GroupPauseMax, 30 s, is longer
+	// than the test), across the fourth member's join and leave too.
+	// A retry whose caller stopped waiting may have reached the owner,
+	// resumed the group and then been dropped unsent: after the pauses it
+	// could end, the group's next message is not checked.
+	mayResume := map[string]bool{}
+	for _, a := range answers {
+		key, attempt, _ := strings.Cut(a.body[:strings.LastIndexByte(a.body, '/')], ".")
+		if attempt != "0" && a.err != nil && (errors.Is(a.err, clustered.ErrUnreachable) || errors.Is(a.err, context.Canceled) || errors.Is(a.err, context.DeadlineExceeded)) {
+			mayResume[key] = true
+		}
+	}
+	unchecked := 0
+	ledger.mu.Lock()
+	pausedBy := map[string]map[string]bool{} // dest/group → the keys whose retry may resume it
+	pausedAt := map[string]faultRequest{}
+	since := func(at time.Time) time.Duration { return at.Sub(joinAt) }
+	strictSent, pauses, resumes := 0, 0, 0
+	for _, r := range ledger.requests {
+		if !tunings[r.dest].StrictGroups {
+			continue
+		}
+		failed := map[string]map[string]bool{}
+		for i, m := range r.messages {
+			k := r.dest + "/" + m.Group
+			strictSent++
+			if keys := pausedBy[k]; keys != nil {
+				if !keys[m.IdempotencyKey] {
+					p := pausedAt[k]
+					for _, a := range answers {
+						for key := range keys {
+							if strings.HasPrefix(a.body, key+".") {
+								t.Logf("  %s: answered %q %v, gave up %v", a.body, a.id, a.err, !a.gaveUp.IsZero())
+							}
+						}
+					}
+					assert.Fail(t, "a paused group was sent", "%s: %s sent by member %d at %v (from the join) while the group waited for the retry of one of %v, paused at %v by %v on member %d; join %v-%v, leave %v-%v",
+						k, m.Body, r.member, since(r.at), keys, since(p.at), p.outcomes, p.member, since(joinAt), since(joinedAt), since(leaveAt), since(leftAt))
+				}
+				delete(pausedBy, k)
+				resumes++
+			}
+			if o := r.outcomes[i]; o != "ok" && o != "perm" {
+				if failed[k] == nil {
+					failed[k] = map[string]bool{}
+				}
+				failed[k][m.IdempotencyKey] = true
+			}
+		}
+	pauses:
+		for k, keys := range failed {
+			pauses++
+			for key := range keys {
+				if mayResume[key] {
+					unchecked++
+					continue pauses
+				}
+			}
+			pausedBy[k] = keys
+			pausedAt[k] = r
+		}
+	}
+	ledger.mu.Unlock()
+	t.Logf("strict groups: %d messages sent, %d pauses (%d not checked: a retry may have resumed them unsent), %d resumed by a retry", strictSent, pauses, unchecked, resumes)
 	t.Logf("%d answers (%d by the actor form): %v", len(answers), len(actorAnswers), kinds)
-	for _, k := range []string{"ok", "retry", "perm", "throttle", "whole", "panic"} {
+	for _, k := range []string{"ok", "retry", "perm", "throttle", "whole", "panic", "paused", "retry-after"} {
 		assert.Positive(t, kinds[k], "no answer of kind %s: the test did not exercise it", k)
 	}
 }
@@ -311,7 +432,11 @@ func checkFaultAnswer(t *testing.T, body, id string, err error, outcomes []strin
 			return "bad"
 		}
 		var retry *messages.RetryAfterError
+		var paused *messages.GroupPausedError
 		switch {
+		case errors.As(err, &paused):
+			assert.Equal(t, groupOf(body), paused.Group, "%s: paused as another group", body)
+			return "paused"
 		case errors.Is(err, clustered.ErrUnreachable):
 			return "unreachable"
 		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

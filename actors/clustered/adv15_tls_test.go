@@ -1,3 +1,5 @@
+//go:build !race
+
 package clustered_test
 
 import (
