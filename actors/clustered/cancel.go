@@ -14,7 +14,8 @@ import (
 // This file is how a caller's cancellation reaches its delivery's owner. A
 // caller on another member whose ctx is cancelled (not its deadline, which
 // travels with the delivery) after its delivery was written sends the
-// delivery's grain a CancelDelivery; the owner keeps it in its cancels, and
+// delivery's grain a DeliverBatch carrying only its CancelDelivery (a field
+// members of earlier versions skip); the owner keeps it in its cancels, and
 // the owner's batcher, which asks a delivery's record whether its caller
 // still listens before it queues it and before it sends it, drops it unsent
 // and tells the record (Forgotten), which the ledger then counts as
@@ -94,23 +95,29 @@ func (cs *cancels) done(k callKey) {
 // cancelDelivery tells grain that the caller of call, who would have
 // waited until deadline, cancelled.
 func (n *Node) cancelDelivery(grain *actor.PID, call uint32, deadline time.Time) {
-	n.system.Root.RequestWithCustomSender(grain, &clusterpb.CancelDelivery{Call: call, BudgetNanos: int64(time.Until(deadline))}, n.PID())
+	n.system.Root.RequestWithCustomSender(grain, &clusterpb.DeliverBatch{
+		Cancels: []*clusterpb.CancelDelivery{{Call: call, BudgetNanos: int64(time.Until(deadline))}},
+	}, n.PID())
 }
 
-// cancel takes a CancelDelivery from sender's member: the delivery is
-// dropped if still buffered (nobody waits for its answer), else its cancel
-// is kept for its record to find.
-func (g *grain) cancel(sender *actor.PID, m *clusterpb.CancelDelivery) {
+// cancel takes the cancels of a DeliverBatch from sender's member: a
+// delivery still buffered is dropped (nobody waits for its answer), and the
+// cancel of any other is kept for its record to find.
+func (g *grain) cancel(sender *actor.PID, cancels []*clusterpb.CancelDelivery) {
 	if sender == nil {
 		return
 	}
-	n := len(g.buffered)
-	g.buffered = slices.DeleteFunc(g.buffered, func(b parked) bool {
-		return b.req.Call == m.Call && b.sender != nil && b.sender.Address == sender.Address
-	})
-	if len(g.buffered) < n {
-		return
-	}
 	now := time.Now()
-	g.n.cancels.add(callKey{sender.Address, m.Call}, now.Add(time.Duration(m.BudgetNanos)+cancelSlack), now)
+	for _, m := range cancels {
+		if m == nil {
+			continue
+		}
+		n := len(g.buffered)
+		g.buffered = slices.DeleteFunc(g.buffered, func(b parked) bool {
+			return b.req.Call == m.Call && b.sender != nil && b.sender.Address == sender.Address
+		})
+		if len(g.buffered) == n {
+			g.n.cancels.add(callKey{sender.Address, m.Call}, now.Add(time.Duration(m.BudgetNanos)+cancelSlack), now)
+		}
+	}
 }

@@ -102,14 +102,11 @@ func (g *grain) Receive(ctx actor.Context) {
 		// nil only from a sender in this process: nothing to deliver.
 		if m != nil {
 			g.deliverBatch(ctx, m, ctx.Sender())
+			g.cancel(ctx.Sender(), m.Cancels)
 		}
 	case *outgoing:
 		// A batch from this member: taken as it is received.
 		g.deliverBatch(ctx, m.take(), ctx.Sender())
-	case *clusterpb.CancelDelivery:
-		if m != nil {
-			g.cancel(ctx.Sender(), m)
-		}
 	case *clusterpb.HandoffDone:
 		if m != nil && g.state == waiting {
 			// The first HandoffDone of a member carries its pauses: it

@@ -125,10 +125,17 @@ func (Sentinel) EnumDescriptor() ([]byte, []int) {
 // sender; each request is answered on its own, by a DeliverReply in a
 // DeliverReplies sent to the sender's process (its PID without the request
 // id).
+//
+// cancels, in a batch of their own, name deliveries the sender wrote to
+// this grain earlier whose callers cancelled. They ride in a DeliverBatch,
+// which every member knows, so that a member of a version before them skips
+// the field: a message of a type it does not know would end its stream from
+// the sender, and every message on it.
 type DeliverBatch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Destination   string                 `protobuf:"bytes,1,opt,name=destination" json:"destination,omitempty"`
 	Requests      []*DeliverRequest      `protobuf:"bytes,2,rep,name=requests" json:"requests,omitempty"`
+	Cancels       []*CancelDelivery      `protobuf:"bytes,3,rep,name=cancels" json:"cancels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -173,6 +180,13 @@ func (x *DeliverBatch) GetDestination() string {
 func (x *DeliverBatch) GetRequests() []*DeliverRequest {
 	if x != nil {
 		return x.Requests
+	}
+	return nil
+}
+
+func (x *DeliverBatch) GetCancels() []*CancelDelivery {
+	if x != nil {
+		return x.Cancels
 	}
 	return nil
 }
@@ -1047,12 +1061,10 @@ func (x *GroupsReply) GetError() *Error {
 	return nil
 }
 
-// CancelDelivery tells a grain, from the member whose caller made it, that
-// the caller of a delivery (its DeliverRequest's call) cancelled: unless
-// the owner's batcher sent it already, it is dropped, never sent nor
-// answered. It follows the delivery's batch to the same grain. budget_nanos
-// is how long the caller would have waited still: the owner keeps the
-// cancellation that long.
+// CancelDelivery names a delivery (its DeliverRequest's call) whose caller
+// cancelled: unless the owner's batcher sent it already, it is dropped,
+// never sent nor answered. budget_nanos is how long the caller would have
+// waited still: the owner keeps the cancellation that long.
 type CancelDelivery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Call          uint32                 `protobuf:"varint,1,opt,name=call" json:"call,omitempty"`
@@ -1109,10 +1121,11 @@ var File_clusterpb_proto protoreflect.FileDescriptor
 
 const file_clusterpb_proto_rawDesc = "" +
 	"\n" +
-	"\x0fclusterpb.proto\x12\x16sinkbatch.clustered.v1\"t\n" +
+	"\x0fclusterpb.proto\x12\x16sinkbatch.clustered.v1\"\xb6\x01\n" +
 	"\fDeliverBatch\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12B\n" +
-	"\brequests\x18\x02 \x03(\v2&.sinkbatch.clustered.v1.DeliverRequestR\brequests\"\xca\x03\n" +
+	"\brequests\x18\x02 \x03(\v2&.sinkbatch.clustered.v1.DeliverRequestR\brequests\x12@\n" +
+	"\acancels\x18\x03 \x03(\v2&.sinkbatch.clustered.v1.CancelDeliveryR\acancels\"\xca\x03\n" +
 	"\x0eDeliverRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12'\n" +
@@ -1240,21 +1253,22 @@ var file_clusterpb_proto_goTypes = []any{
 }
 var file_clusterpb_proto_depIdxs = []int32{
 	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
-	16, // 1: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
-	3,  // 2: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
-	6,  // 3: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
-	4,  // 4: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
-	0,  // 5: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
-	7,  // 6: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
-	8,  // 7: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
-	9,  // 8: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
-	12, // 9: sinkbatch.clustered.v1.HandoffDone.paused:type_name -> sinkbatch.clustered.v1.PausedGroup
-	6,  // 10: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 1: sinkbatch.clustered.v1.DeliverBatch.cancels:type_name -> sinkbatch.clustered.v1.CancelDelivery
+	16, // 2: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	3,  // 3: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
+	6,  // 4: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
+	4,  // 5: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
+	0,  // 6: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
+	7,  // 7: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
+	8,  // 8: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
+	9,  // 9: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
+	12, // 10: sinkbatch.clustered.v1.HandoffDone.paused:type_name -> sinkbatch.clustered.v1.PausedGroup
+	6,  // 11: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_clusterpb_proto_init() }
