@@ -112,7 +112,9 @@
 // anything: on a join, the old owner's HandoffDone carries its pauses; on a
 // leave, the leaving member sends them to each destination's next owner
 // before it says it left (TestAdv13StrictGroupPauseSurvivesAJoin and
-// ...ALeave). A pause is kept on the owner's instance: resume or list
+// ...ALeave). Pauses that reach a grain no longer waiting for them (it
+// yielded to yet another owner, or gave up on their member) are passed on
+// to the owner in its member's latest topology, not dropped. A pause is kept on the owner's instance: resume or list
 // paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
 // owner from any member (actors.Instance.ResumeGroup reaches only the
 // member's own instance). A crashed member's pauses are lost with it, and

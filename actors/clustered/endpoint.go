@@ -161,6 +161,23 @@ func (n *Node) adoptPauses(destination, member string, paused []*clusterpb.Pause
 	}
 }
 
+// passPausesOn pauses the groups of destination that member handed over,
+// in a HandoffDone that reached a grain no longer waiting for it, on the
+// instance of destination's owner in this member's latest topology: here,
+// or sent on to that owner's node. Pauses taken from an instance have no
+// other copy.
+func (n *Node) passPausesOn(destination, member string, paused []*clusterpb.PausedGroup) {
+	if len(paused) == 0 {
+		return
+	}
+	switch owner := n.topo.owner(destination); owner {
+	case "", n.system.Address():
+		n.adoptPauses(destination, member, paused)
+	default:
+		n.system.Root.Send(actor.NewPID(owner, endpointID), &clusterpb.HandoffDone{Destination: destination, Member: member, Paused: paused})
+	}
+}
+
 // pausesFromWire is the paused groups of a HandoffDone.
 func pausesFromWire(ps []*clusterpb.PausedGroup) []messages.PausedGroup {
 	out := make([]messages.PausedGroup, 0, len(ps))

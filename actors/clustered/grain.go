@@ -108,16 +108,24 @@ func (g *grain) Receive(ctx actor.Context) {
 		// A batch from this member: taken as it is received.
 		g.deliverBatch(ctx, m.take(), ctx.Sender())
 	case *clusterpb.HandoffDone:
-		if m != nil && g.state == waiting {
-			// The first HandoffDone of a member carries its pauses: it
-			// took them from its instance as it handed off. They are
-			// paused here at once, before the grain admits anything, and
-			// stay in the instance if the grain yields before it admits
-			// (the next hand-off takes them from there).
-			if g.awaiting[m.Member] {
-				delete(g.awaiting, m.Member)
-				g.n.adoptPauses(g.destination, m.Member, m.Paused)
-			}
+		if m == nil {
+			break
+		}
+		// The first HandoffDone of a member carries its pauses: it took
+		// them from its instance as it handed off. They are paused here at
+		// once, before the grain admits anything, and stay in the instance
+		// if the grain yields before it admits (the next hand-off takes
+		// them from there).
+		if g.state == waiting && g.awaiting[m.Member] {
+			delete(g.awaiting, m.Member)
+			g.n.adoptPauses(g.destination, m.Member, m.Paused)
+		} else {
+			// The grain stopped waiting for it (it yields, or gave up on
+			// the member): its pauses, taken from the member, are passed
+			// on to the owner rather than lost.
+			g.n.passPausesOn(g.destination, m.Member, m.Paused)
+		}
+		if g.state == waiting {
 			g.ask(ctx, false)
 		}
 	case *actor.DeadLetterResponse:
