@@ -4,7 +4,6 @@ package clustered_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,14 +53,12 @@ func TestAdv15CancelledDeliveryIsNotSent(t *testing.T) {
 	}
 	blocker := deliver(owner, "blocker", 0)
 	time.Sleep(100 * time.Millisecond) // the blocker's request is in flight
-	var wg sync.WaitGroup
 	results := map[string]<-chan error{
 		"remote-cancelled": deliver(other, "remote-cancelled", 200*time.Millisecond),
 		"direct-cancelled": deliver(owner, "direct-cancelled", 200*time.Millisecond),
 		"remote-kept":      deliver(other, "remote-kept", 0),
 		"direct-kept":      deliver(owner, "direct-kept", 0),
 	}
-	wg.Wait()
 	require.NoError(t, <-blocker)
 	for body, done := range results {
 		err := <-done
