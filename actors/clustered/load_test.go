@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,13 +26,56 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
-// freePort is a loopback TCP port nobody listens on now.
+// freePort is a loopback TCP port nobody listens on now, and that no other
+// call gave out. It is taken below the range the kernel gives outgoing
+// connections their ports from (Linux's ip_local_port_range), where a
+// port a listener on port 0 gets lies: members poll and dial each other
+// all the time, and one of those connections could take the port before
+// the member it was meant for binds it (an automanaged member then never
+// joins).
 func freePort(t testing.TB) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	if low := ephemeralLow(); low > minTestPort+1000 {
+		for range 1000 {
+			p := minTestPort + rand.IntN(low-minTestPort)
+			if portsGiven[p] {
+				continue
+			}
+			if lis, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+				_ = lis.Close()
+				portsGiven[p] = true
+				return p
+			}
+		}
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer lis.Close()
 	return lis.Addr().(*net.TCPAddr).Port
+}
+
+// minTestPort is the lowest port freePort gives out.
+const minTestPort = 20000
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralLow is the lowest port the kernel gives outgoing connections; 0
+// if it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		return 0
+	}
+	return low
 }
 
 // managed is a cluster of members on loopback with the automanaged
