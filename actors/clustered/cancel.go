@@ -1,7 +1,6 @@
 package clustered
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,23 +99,16 @@ func (n *Node) cancelDelivery(grain *actor.PID, call uint32, deadline time.Time)
 	}, n.PID())
 }
 
-// cancel takes the cancels of a DeliverBatch from sender's member: a
-// delivery still buffered is dropped (nobody waits for its answer), and the
-// cancel of any other is kept for its record to find.
+// cancel takes the cancels of a DeliverBatch from sender's member and
+// keeps them for the deliveries' records to find: those admitted already,
+// and those still buffered, once admitted.
 func (g *grain) cancel(sender *actor.PID, cancels []*clusterpb.CancelDelivery) {
 	if sender == nil {
 		return
 	}
 	now := time.Now()
 	for _, m := range cancels {
-		if m == nil {
-			continue
-		}
-		n := len(g.buffered)
-		g.buffered = slices.DeleteFunc(g.buffered, func(b parked) bool {
-			return b.req.Call == m.Call && b.sender != nil && b.sender.Address == sender.Address
-		})
-		if len(g.buffered) == n {
+		if m != nil {
 			g.n.cancels.add(callKey{sender.Address, m.Call}, now.Add(time.Duration(m.BudgetNanos)+cancelSlack), now)
 		}
 	}
