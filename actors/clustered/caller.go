@@ -555,7 +555,7 @@ func (n *Node) pause(ctx context.Context, deadline time.Time, d time.Duration) e
 // the answer: a reply, a dead letter, memberLeft, nodeQuit. A nil answer with an error
 // means the ctx ended or the node gave up first.
 func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, msg any) (any, error) {
-	self := n.PID()
+	self := n.answersTo()
 	id, c := n.calls.begin(pid.Address)
 	if id == 0 {
 		// Leave gave up: c is answered nodeQuit, and nothing is sent.

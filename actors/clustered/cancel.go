@@ -26,10 +26,11 @@ import (
 // Deliveries cost nothing here: a record looks at the cancels only when
 // there are some.
 
-// callKey names a delivery: the member of its caller and its call there.
+// callKey names a delivery: the process of its caller (its address and
+// id: the caller node's own, see incarnationID) and its call there.
 type callKey struct {
-	address string
-	call    uint32
+	address, id string
+	call        uint32
 }
 
 // cancels are the deliveries whose callers cancelled, each kept until its
@@ -96,7 +97,7 @@ func (cs *cancels) done(k callKey) {
 func (n *Node) cancelDelivery(grain *actor.PID, call uint32, deadline time.Time) {
 	n.system.Root.RequestWithCustomSender(grain, &clusterpb.DeliverBatch{
 		Cancels: []*clusterpb.CancelDelivery{{Call: call, BudgetNanos: int64(time.Until(deadline))}},
-	}, n.PID())
+	}, n.answersTo())
 }
 
 // cancel takes the cancels of a DeliverBatch from sender's member and
@@ -109,7 +110,7 @@ func (g *grain) cancel(sender *actor.PID, cancels []*clusterpb.CancelDelivery) {
 	now := time.Now()
 	for _, m := range cancels {
 		if m != nil {
-			g.n.cancels.add(callKey{sender.Address, m.Call}, now.Add(time.Duration(m.BudgetNanos)+cancelSlack), now)
+			g.n.cancels.add(callKey{sender.Address, sender.Id, m.Call}, now.Add(time.Duration(m.BudgetNanos)+cancelSlack), now)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 // while there are none.
 func TestCancelsKeepACancelUntilSettledOrExpired(t *testing.T) {
 	var cs cancels
-	a, b, c := callKey{"m1:1", 1}, callKey{"m1:1", 2}, callKey{"m2:1", 1}
+	a, b, c := callKey{"m1:1", "e$1", 1}, callKey{"m1:1", "e$1", 2}, callKey{"m2:1", "e$1", 1}
 	assert.False(t, cs.has(a))
 	now := time.Unix(1000, 0)
 	cs.add(a, now.Add(5*time.Second), now)
@@ -21,6 +21,7 @@ func TestCancelsKeepACancelUntilSettledOrExpired(t *testing.T) {
 	assert.True(t, cs.has(a))
 	assert.True(t, cs.has(b))
 	assert.False(t, cs.has(c), "another member's call of the same number")
+	assert.False(t, cs.has(callKey{"m1:1", "e$2", 1}), "the same call of a process restarted at the same address")
 	cs.done(a)
 	assert.False(t, cs.has(a))
 	assert.EqualValues(t, 1, cs.n.Load())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"reflect"
 	"regexp"
@@ -31,6 +32,17 @@ const Kind = "sinkbatch-destination"
 // endpointID is the process id of every member's endpoint: the same on all
 // members, so that one member can address another's by its address alone.
 const endpointID = "sinkbatch-clustered"
+
+// The endpoint also has an id of this node's own, endpointID$ and a random
+// 64-bit number in hex: the node sends what it expects answers to (its
+// deliveries, cancels and requests) from that id, so the answers come back
+// to it. A process restarted at the same address (a fixed host and port) is
+// another node: the answers still on their way to its predecessor, whose
+// calls were numbered as its own are, reach no process there (a dead
+// letter) instead of its calls of the same numbers.
+func incarnationID() string {
+	return fmt.Sprintf("%s$%016x", endpointID, rand.Uint64())
+}
 
 // Destinations names this member's codecs; every member registers the same
 // names, each built from its own config and credentials. A name is the
@@ -125,8 +137,12 @@ type Node struct {
 	cancels  cancels     // deliveries whose callers on other members cancelled
 	cache    pidCache
 
-	cluster  atomic.Pointer[cluster.Cluster]
-	self     atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
+	cluster atomic.Pointer[cluster.Cluster]
+	self    atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
+	// replyID is the endpoint's id of this node's own (incarnationID), and
+	// replyTo its PID at the system's latest address.
+	replyID  string
+	replyTo  atomic.Pointer[actor.PID]
 	sub      *eventstream.Subscription
 	leaving  atomic.Bool
 	inflight callers       // Deliver calls and actor-form deliveries in progress
@@ -198,6 +214,11 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	// returns.
 	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, endpointID); !ok {
 		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken (one node per actor system)", endpointID)
+	}
+	n.replyID = incarnationID()
+	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, n.replyID); !ok {
+		system.ProcessRegistry.Remove(actor.NewPID(system.Address(), endpointID))
+		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken", n.replyID)
 	}
 	n.sub = system.EventStream.Subscribe(func(evt any) {
 		switch e := evt.(type) {
@@ -357,6 +378,18 @@ func (n *Node) PID() *actor.PID {
 	}
 	pid := actor.NewPID(addr, endpointID)
 	n.self.Store(pid)
+	return pid
+}
+
+// answersTo is the endpoint's PID under the node's own id (replyID): the
+// sender of everything the node sends that is answered.
+func (n *Node) answersTo() *actor.PID {
+	addr := n.system.Address()
+	if pid := n.replyTo.Load(); pid != nil && pid.Address == addr {
+		return pid
+	}
+	pid := actor.NewPID(addr, n.replyID)
+	n.replyTo.Store(pid)
 	return pid
 }
 
@@ -535,6 +568,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			}
 			n.system.EventStream.Unsubscribe(n.sub)
 			n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), endpointID))
+			n.system.ProcessRegistry.Remove(actor.NewPID(n.system.Address(), n.replyID))
 		}()
 		select {
 		case <-shut:

@@ -137,7 +137,12 @@
 // flight may still reach the destination while the new owner sends the same
 // group: a crash can break "one request of a group in flight" for the
 // duration of that request, and a message answered ErrUnreachable can land
-// after its caller's next one.
+// after its caller's next one. A crashed member restarted at the same
+// address (a fixed host and port) is a new caller: the answers the owners
+// still send for its predecessor's deliveries reach no process of the new
+// one (each node answers to an id of its own), and are dropped as dead
+// letters, never taken for its own callers' answers
+// (TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor).
 //
 // A network partition that the provider does not see as one (each side
 // still lists the other, or each side's provider drops the other) can let

@@ -384,7 +384,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 	case a.here:
 		return a.directCall.pending.Load() == a.token
 	case a.replyTo != nil:
-		return !a.n.cancels.has(callKey{a.replyTo.Address, a.call})
+		return !a.n.cancels.has(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
 	}
 	return true
 }
@@ -393,7 +393,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 // forgotten.
 func (a *admitted) settled() {
 	if a.replyTo != nil {
-		a.n.cancels.done(callKey{a.replyTo.Address, a.call})
+		a.n.cancels.done(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
 	}
 }
 

@@ -313,7 +313,7 @@ func sendPost[P sendable](n *Node, p, stale P) {
 	if p == zero {
 		return
 	}
-	k, self := p.to(), n.PID()
+	k, self := p.to(), n.answersTo()
 	n.system.Root.RequestWithCustomSender(actor.NewPID(k.address, k.id), p,
 		&actor.PID{Address: self.Address, Id: self.Id, RequestId: p.id()})
 }
@@ -408,7 +408,7 @@ type replyBox = box[*clusterpb.DeliverReply, *outgoingReplies]
 func (n *Node) reply(to *actor.PID, r *clusterpb.DeliverReply) {
 	switch {
 	case to == nil:
-	case to.Address == n.system.Address() && to.Id == endpointID:
+	case to.Address == n.system.Address() && (to.Id == n.replyID || to.Id == endpointID):
 		n.onAnswer(r.Call, r)
 	case to.Address == n.system.Address():
 		n.system.Root.Send(to, &clusterpb.DeliverReplies{Replies: []*clusterpb.DeliverReply{r}})
