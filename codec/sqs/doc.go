@@ -125,7 +125,9 @@
 //     missing queue (QueueDoesNotExist), denied access or bad credentials
 //     (AccessDenied, InvalidClientTokenId, SignatureDoesNotMatch, ...), and a
 //     queue whose KMS key cannot be used (KmsAccessDenied, KmsDisabled,
-//     KmsNotFound, ... and their KMS.* forms);
+//     KmsNotFound, ... and their KMS.* forms), known by the code in either
+//     spelling SQS reports it (its own, or the query-compatible one of its
+//     X-Amzn-Query-Error header) and by the SDK's error type;
 //   - throttling, by SQS's or KMS's code (RequestThrottled, Throttling,
 //     ThrottlingException, KmsThrottled, KMS.ThrottlingException, ...) or by
 //     an HTTP 429 from anything in between, with a retryable error wrapping

@@ -66,31 +66,32 @@ var refusedCodes = map[string]bool{
 // that a proxy's answer or a code SQS adds later never parks a message for
 // good.
 var permanentCodes = map[string]bool{
-	"QueueDoesNotExist":                       true,
-	"AWS.SimpleQueueService.NonExistentQueue": true,
-	"AccessDenied":                            true,
-	"AccessDeniedException":                   true,
-	"InvalidClientTokenId":                    true,
-	"UnrecognizedClientException":             true,
-	"SignatureDoesNotMatch":                   true,
-	"IncompleteSignature":                     true,
-	"MissingAuthenticationToken":              true,
-	"InvalidSecurity":                         true,
-	"InvalidAddress":                          true,
-	"UnsupportedOperation":                    true,
-	"OptInRequired":                           true,
-	"KmsAccessDenied":                         true,
-	"KMS.AccessDeniedException":               true,
-	"KmsDisabled":                             true,
-	"KMS.DisabledException":                   true,
-	"KmsNotFound":                             true,
-	"KMS.NotFoundException":                   true,
-	"KmsInvalidState":                         true,
-	"KMS.KMSInvalidStateException":            true,
-	"KmsInvalidKeyUsage":                      true,
-	"KMS.InvalidKeyUsageException":            true,
-	"KmsOptInRequired":                        true,
-	"KMS.OptInRequired":                       true,
+	"QueueDoesNotExist":                           true,
+	"AWS.SimpleQueueService.NonExistentQueue":     true,
+	"AccessDenied":                                true,
+	"AccessDeniedException":                       true,
+	"InvalidClientTokenId":                        true,
+	"UnrecognizedClientException":                 true,
+	"SignatureDoesNotMatch":                       true,
+	"IncompleteSignature":                         true,
+	"MissingAuthenticationToken":                  true,
+	"InvalidSecurity":                             true,
+	"InvalidAddress":                              true,
+	"UnsupportedOperation":                        true,
+	"AWS.SimpleQueueService.UnsupportedOperation": true,
+	"OptInRequired":                               true,
+	"KmsAccessDenied":                             true,
+	"KMS.AccessDeniedException":                   true,
+	"KmsDisabled":                                 true,
+	"KMS.DisabledException":                       true,
+	"KmsNotFound":                                 true,
+	"KMS.NotFoundException":                       true,
+	"KmsInvalidState":                             true,
+	"KMS.InvalidStateException":                   true,
+	"KmsInvalidKeyUsage":                          true,
+	"KMS.InvalidKeyUsageException":                true,
+	"KmsOptInRequired":                            true,
+	"KMS.OptInRequired":                           true,
 }
 
 // throttleCodes are the codes by which SQS, KMS behind it, or a gateway in
@@ -374,12 +375,33 @@ func (c *Codec) classify(err error) error {
 	switch {
 	case errors.As(err, &tooLong) || errors.As(err, &tooMany) || refusedCodes[code]:
 		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %s: %s: %w", c.queueName, code, msg, codec.ErrRefused)
-	case errors.As(err, &notExist) || permanentCodes[code]:
+	case errors.As(err, &notExist) || permanentCodes[code] || permanentType(err):
 		return c.permanent(code, msg)
 	case errors.As(err, &throttled) || errors.As(err, &kmsThrottled) || throttleCodes[code] || status == http.StatusTooManyRequests:
 		return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w: %w", c.queueName, codec.ErrThrottled, err)
 	}
 	return fmt.Errorf("sinkbatch/sqs: SendMessageBatch to %s: %w", c.queueName, err)
+}
+
+// permanentType reports whether err is one of the SDK's errors for a
+// permanent code: it names the error by its shape, whichever spelling of the
+// code SQS sent (its own, or the query-compatible one of its
+// X-Amzn-Query-Error header, which the SDK reports as the code).
+func permanentType(err error) bool {
+	var (
+		kmsAccessDenied *types.KmsAccessDenied
+		kmsDisabled     *types.KmsDisabled
+		kmsKeyUsage     *types.KmsInvalidKeyUsage
+		kmsState        *types.KmsInvalidState
+		kmsNotFound     *types.KmsNotFound
+		kmsOptIn        *types.KmsOptInRequired
+		unsupported     *types.UnsupportedOperation
+		address         *types.InvalidAddress
+		security        *types.InvalidSecurity
+	)
+	return errors.As(err, &kmsAccessDenied) || errors.As(err, &kmsDisabled) || errors.As(err, &kmsKeyUsage) ||
+		errors.As(err, &kmsState) || errors.As(err, &kmsNotFound) || errors.As(err, &kmsOptIn) ||
+		errors.As(err, &unsupported) || errors.As(err, &address) || errors.As(err, &security)
 }
 
 func (c *Codec) permanent(code, msg string) error {
