@@ -239,7 +239,10 @@ var (
 	// whose SendBatch panicked (retryable: the request may have been made,
 	// and the panic need not be the message's fault), and to a message whose
 	// Size or Validate panicked (permanent: that message makes the codec
-	// panic, and retrying it feeds the codec the same input).
+	// panic, and retrying it feeds the codec the same input). It is also
+	// wrapped (retryable) by the answer to a message whose error from
+	// SendBatch, or its batch's, cannot be read: a nil pointer (a typed nil
+	// such as a nil *EntryError), or an error whose methods panic.
 	ErrCodecPanic = errors.New("sinkbatch: codec panicked")
 	// ErrThrottled is wrapped by a failure the destination reported as
 	// "slow down" (SQS throttling, Pub/Sub ResourceExhausted). Retryable;
@@ -277,9 +280,12 @@ type EntryError struct {
 }
 
 // Is makes errors.Is(e, ErrThrottled) true for a throttling failure.
-func (e *EntryError) Is(target error) bool { return target == ErrThrottled && e.Throttled }
+func (e *EntryError) Is(target error) bool { return e != nil && target == ErrThrottled && e.Throttled }
 
 func (e *EntryError) Error() string {
+	if e == nil {
+		return "sinkbatch: a nil *codec.EntryError"
+	}
 	kind := "retryable"
 	if e.Permanent {
 		kind = "permanent"
@@ -314,7 +320,7 @@ func classify(err error) (permanent, decided bool) {
 	for err != nil {
 		switch e := err.(type) {
 		case *EntryError:
-			return e.Permanent, true
+			return e != nil && e.Permanent, true
 		case interface{ PermanentFailure() bool }:
 			return e.PermanentFailure(), true
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime/debug"
 	"time"
 
@@ -245,5 +246,39 @@ func (b *Batcher) send(ctx context.Context, trigger telemetry.Trigger, p part) (
 	if err == nil && len(res) != len(p.msgs) {
 		return nil, fmt.Errorf("%w: %d results for %d messages", codec.ErrResultCount, len(res), len(p.msgs))
 	}
+	err = vetError(err)
+	for i := range res {
+		if res[i].Err != nil {
+			res[i].Err = vetError(res[i].Err)
+		}
+	}
 	return res, err
+}
+
+// vetError is err, an error SendBatch returned (for the batch or for one
+// message), unless the batcher could not read it: a nil pointer (a typed
+// nil, as a codec that sets a *codec.EntryError variable only on failure
+// returns for a success), or one whose methods panic when the batcher asks
+// what it is (Error, Is, As, Unwrap, PermanentFailure). Such an error is
+// replaced by a retryable one wrapping codec.ErrCodecPanic: the request may
+// have been made, and the batcher cannot tell what the codec meant. It is
+// read here, under SendBatch's recover, so that no answer panics later on
+// a request goroutine, where nothing would recover it.
+func vetError(err error) (vetted error) {
+	if err == nil {
+		return nil
+	}
+	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w: SendBatch returned a nil %T as an error", codec.ErrCodecPanic, err)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			vetted = fmt.Errorf("%w: the error SendBatch returned (%T) panicked when read: %v", codec.ErrCodecPanic, err, r)
+		}
+	}()
+	var after *messages.RetryAfterError
+	_ = err.Error()
+	_ = errors.As(err, &after)
+	_ = codec.IsPermanent(err) || codec.IsThrottled(err) || errors.Is(err, codec.ErrRefused)
+	return err
 }
