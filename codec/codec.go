@@ -216,7 +216,8 @@ type Validator interface {
 // tracing, as the OpenTelemetry messaging conventions do: System is the
 // messaging.system ("aws_sqs", "gcp_pubsub"), Destination the
 // messaging.destination.name (the queue or topic name; never a secret: it
-// is put on every span). A codec without it is traced under its Name().
+// is put on every span). A codec without it, or whose Describe panics (the
+// panic is logged), is traced under its Name().
 type Describer interface {
 	Describe() (system, destination string)
 }

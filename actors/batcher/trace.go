@@ -53,10 +53,7 @@ type tracing struct {
 }
 
 func newTracing(tracer trace.Tracer, c codec.Codec, sink string, log *slog.Logger) *tracing {
-	system, destination := sink, sink
-	if d, ok := c.(codec.Describer); ok {
-		system, destination = d.Describe()
-	}
+	system, destination := describe(c, sink, log)
 	base := []attribute.KeyValue{attrSystem.String(system), attrDestination.String(destination)}
 	return &tracing{
 		log:        log,
@@ -66,6 +63,24 @@ func newTracing(tracer trace.Tracer, c codec.Codec, sink string, log *slog.Logge
 		create:     append(base[:2:2], attrOpType.String("create"), attrOpName.String("create")),
 		send:       append(base[:2:2], attrOpType.String("send"), attrOpName.String("send")),
 	}
+}
+
+// describe is the system and destination names of c's spans: its
+// Describe, or sink for both if it has none or its Describe panics (logged).
+// A batcher reads them as it starts: a panic there would restart it, and
+// each restart panic again, before it ever took a delivery.
+func describe(c codec.Codec, sink string, log *slog.Logger) (system, destination string) {
+	d, ok := c.(codec.Describer)
+	if !ok {
+		return sink, sink
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("sinkbatch: codec panicked in Describe; its spans are named by the codec's Name", slog.Any("panic", r))
+			system, destination = sink, sink
+		}
+	}()
+	return d.Describe()
 }
 
 // recovered logs a panic of the TracerProvider's; what panicked is left
