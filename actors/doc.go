@@ -26,7 +26,11 @@
 //
 // A codec that panics in Size or Validate fails that message alone, with a
 // permanent error wrapping codec.ErrCodecPanic; one that panics in SendBatch,
-// or returns the wrong number of results, fails that batch only. A request
+// or returns the wrong number of results, fails that batch only; an error it
+// returns that cannot be read (a typed nil such as a nil *codec.EntryError,
+// or one whose methods panic) fails its message, or its batch, with a
+// retryable error wrapping codec.ErrCodecPanic; a panic in Describe is
+// logged, and the spans are named by the codec's Name. A request
 // the destination refuses for its content is bisected until the refused
 // messages stand alone; a group whose message fails retryably in one half is
 // held back in the later halves (messages.GroupPausedError), so no later
