@@ -576,7 +576,12 @@ func (b *Batcher) validate(m codec.Message) (err error) {
 			err = &codecPanic{method: "Validate", value: r}
 		}
 	}()
-	return b.validator.Validate(m)
+	err = b.validator.Validate(m)
+	if why := unreadable(err); why != "" {
+		// Nobody could read the answer.
+		return &codecPanic{method: "Validate", value: "the error it returned " + why}
+	}
+	return err
 }
 
 // size is the codec's Size, with a panic turned into the message's answer

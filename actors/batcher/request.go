@@ -256,29 +256,38 @@ func (b *Batcher) send(ctx context.Context, trigger telemetry.Trigger, p part) (
 }
 
 // vetError is err, an error SendBatch returned (for the batch or for one
-// message), unless the batcher could not read it: a nil pointer (a typed
-// nil, as a codec that sets a *codec.EntryError variable only on failure
-// returns for a success), or one whose methods panic when the batcher asks
-// what it is (Error, Is, As, Unwrap, PermanentFailure). Such an error is
-// replaced by a retryable one wrapping codec.ErrCodecPanic: the request may
-// have been made, and the batcher cannot tell what the codec meant. It is
-// read here, under SendBatch's recover, so that no answer panics later on
-// a request goroutine, where nothing would recover it.
-func vetError(err error) (vetted error) {
+// message), unless the batcher could not read it (see unreadable): then a
+// retryable error wrapping codec.ErrCodecPanic, as the request may have been
+// made and the batcher cannot tell what the codec meant. It is read here,
+// under SendBatch's recover, so that no answer panics later on a request
+// goroutine, where nothing would recover it.
+func vetError(err error) error {
+	if why := unreadable(err); why != "" {
+		return fmt.Errorf("%w: the error SendBatch returned %s", codec.ErrCodecPanic, why)
+	}
+	return err
+}
+
+// unreadable says why err, a codec's, cannot be read, or "" if it can (or
+// is nil): it is a nil pointer (a typed nil, as a codec that sets a
+// *codec.EntryError variable only on failure returns for a success), or its
+// methods panic when the batcher asks what it is (Error, Is, As, Unwrap,
+// PermanentFailure).
+func unreadable(err error) (why string) {
 	if err == nil {
-		return nil
+		return ""
 	}
 	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("%w: SendBatch returned a nil %T as an error", codec.ErrCodecPanic, err)
+		return fmt.Sprintf("is a nil %T", err)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			vetted = fmt.Errorf("%w: the error SendBatch returned (%T) panicked when read: %v", codec.ErrCodecPanic, err, r)
+			why = fmt.Sprintf("(%T) panicked when read: %v", err, r)
 		}
 	}()
 	var after *messages.RetryAfterError
 	_ = err.Error()
 	_ = errors.As(err, &after)
 	_ = codec.IsPermanent(err) || codec.IsThrottled(err) || errors.Is(err, codec.ErrRefused)
-	return err
+	return ""
 }

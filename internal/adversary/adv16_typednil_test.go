@@ -52,13 +52,15 @@ func runAdv16Child(t *testing.T, name, scenario string) (string, error) {
 // nil pointer) panicked outside any recover, and the whole process died:
 // nobody was answered, every other destination was gone too. An error
 // whose methods panic did the same. Now such an error is read once under
-// SendBatch's recover and answered as one wrapping codec.ErrCodecPanic.
+// SendBatch's recover and answered as one wrapping codec.ErrCodecPanic
+// (retryable). One from Validate reached the caller as it was, whose own
+// reading of it panicked; it is now a permanent ErrCodecPanic.
 func TestAdv16TypedNilEntryErrorIsContained(t *testing.T) {
 	if s := os.Getenv(adv16Child); s != "" {
 		adv16TypedNilChild(t, s)
 		return
 	}
-	for _, scenario := range []string{"result", "batch", "panicking"} {
+	for _, scenario := range []string{"result", "batch", "panicking", "validate"} {
 		t.Run(scenario, func(t *testing.T) {
 			out, err := runAdv16Child(t, "TestAdv16TypedNilEntryErrorIsContained", scenario)
 			if err != nil || !strings.Contains(out, "ADV16 ANSWERED") {
@@ -90,11 +92,17 @@ func adv16TypedNilChild(t *testing.T, scenario string) {
 		}
 		return res, nil
 	}
+	var dest codec.Codec = c
+	if scenario == "validate" {
+		dest = adv16Validator{c}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+	_, err := inst.Deliver(ctx, dest, codec.Message{Body: []byte("x")})
 	fmt.Printf("ADV16 ANSWERED: %v\n", err)
 	require.ErrorIs(t, err, codec.ErrCodecPanic, "a typed-nil error is not answered as an error the batcher could not read")
+	// From Validate, the same message gets the same error: permanent.
+	require.Equal(t, scenario == "validate", codec.IsPermanent(err), "%v", err)
 	// The instance still serves another destination.
 	ok := fakecodec.New("typednil-ok", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 	_, err = inst.Deliver(ctx, ok, codec.Message{Body: []byte("y")})
@@ -108,3 +116,9 @@ func (adv16PanickingError) Error() string { panic("Error") }
 func (adv16PanickingError) Is(error) bool { panic("Is") }
 func (adv16PanickingError) Unwrap() error { panic("Unwrap") }
 func (adv16PanickingError) As(any) bool   { panic("As") }
+
+// adv16Validator is a codec whose Validate returns an error whose every
+// method panics.
+type adv16Validator struct{ *fakecodec.Codec }
+
+func (adv16Validator) Validate(codec.Message) error { return adv16PanickingError{} }
