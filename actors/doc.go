@@ -28,8 +28,9 @@
 // permanent error wrapping codec.ErrCodecPanic; one that panics in SendBatch,
 // or returns the wrong number of results, fails that batch only; an error it
 // returns that cannot be read (a typed nil such as a nil *codec.EntryError,
-// or one whose methods panic) fails its message, or its batch, with a
-// retryable error wrapping codec.ErrCodecPanic; a panic in Describe is
+// or one whose methods panic) fails its message, or its batch, with an
+// error wrapping codec.ErrCodecPanic (retryable from SendBatch, permanent
+// from Validate); a panic in Describe is
 // logged, and the spans are named by the codec's Name. A request
 // the destination refuses for its content is bisected until the refused
 // messages stand alone; a group whose message fails retryably in one half is
