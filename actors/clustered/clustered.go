@@ -212,11 +212,12 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	// The endpoint and the topology are in place before StartMember, which
 	// publishes the first topologies and serves grains a second before it
 	// returns.
-	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, endpointID); !ok {
+	e := &endpoint{n: n}
+	if _, ok := system.ProcessRegistry.Add(e, endpointID); !ok {
 		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken (one node per actor system)", endpointID)
 	}
 	n.replyID = incarnationID()
-	if _, ok := system.ProcessRegistry.Add(&endpoint{n: n}, n.replyID); !ok {
+	if _, ok := system.ProcessRegistry.Add(e, n.replyID); !ok {
 		system.ProcessRegistry.Remove(actor.NewPID(system.Address(), endpointID))
 		return nil, fmt.Errorf("sinkbatch: clustered.New: process %q is taken", n.replyID)
 	}
@@ -371,25 +372,21 @@ func (n *Node) Deliver(ctx context.Context, destination string, m codec.Message)
 // PID is where actors send *Deliver, with ctx.Request or a future, to be
 // answered with one *messages.Delivered whose Ref is the Deliver's. Ask for
 // it after StartMember: the PID holds the member's address.
-func (n *Node) PID() *actor.PID {
-	addr := n.system.Address()
-	if pid := n.self.Load(); pid != nil && pid.Address == addr {
-		return pid
-	}
-	pid := actor.NewPID(addr, endpointID)
-	n.self.Store(pid)
-	return pid
-}
+func (n *Node) PID() *actor.PID { return n.pidAt(&n.self, endpointID) }
 
 // answersTo is the endpoint's PID under the node's own id (replyID): the
 // sender of everything the node sends that is answered.
-func (n *Node) answersTo() *actor.PID {
+func (n *Node) answersTo() *actor.PID { return n.pidAt(&n.replyTo, n.replyID) }
+
+// pidAt is the endpoint's PID under id at the system's latest address,
+// kept in cache.
+func (n *Node) pidAt(cache *atomic.Pointer[actor.PID], id string) *actor.PID {
 	addr := n.system.Address()
-	if pid := n.replyTo.Load(); pid != nil && pid.Address == addr {
+	if pid := cache.Load(); pid != nil && pid.Address == addr {
 		return pid
 	}
-	pid := actor.NewPID(addr, n.replyID)
-	n.replyTo.Store(pid)
+	pid := actor.NewPID(addr, id)
+	cache.Store(pid)
 	return pid
 }
 
