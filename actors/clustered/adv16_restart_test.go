@@ -5,7 +5,9 @@ package clustered_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 // message's id (and its own message's answer, arriving later, was dropped).
 func TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor(t *testing.T) {
 	const latency = 3 * time.Second
+	var oldAnswered atomic.Int64 // when the owner's last request of old messages ended (unix ns)
 	newCodec := func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		c.Latency, c.Tune = latency, codec.Tuning{MaxInflight: 64, Linger: time.Millisecond}
@@ -34,6 +37,9 @@ func TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor(t *test
 			res := make([]codec.Result, len(batch))
 			for i, m := range batch {
 				res[i].ID = "id-" + string(m.Body)
+				if strings.HasPrefix(string(m.Body), "old-") {
+					oldAnswered.Store(time.Now().UnixNano())
+				}
 			}
 			return res, nil
 		}
@@ -96,6 +102,10 @@ func TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor(t *test
 	second := startMember(t, pool, memberOpts{provider: provider(), codec: newCodec, port: port})
 	waitMembers(t, []*member{owner, second}, 2)
 	require.Less(t, time.Since(crashed), latency/2, "the restarted member joined too late for the test")
+	newSent := time.Now()
 	deliverMany(second, "new", 60, true)()
+	// The test drove what it means to: the predecessor's answers were on
+	// their way while the new member's deliveries waited for theirs.
+	assert.True(t, newSent.Before(time.Unix(0, oldAnswered.Load())), "the predecessor's deliveries were answered before the new member delivered")
 	assert.Empty(t, wrong, "a restarted member's callers were answered for another message")
 }
