@@ -39,17 +39,7 @@ func TestAdv15CancelledDeliveryIsNotSent(t *testing.T) {
 	require.True(t, owner.node.OpenHere("dest"), "the owner's callers do not admit directly")
 
 	deliver := func(m *member, body string, cancelAfter time.Duration) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if cancelAfter > 0 {
-				time.AfterFunc(cancelAfter, cancel)
-			}
-			_, err := m.node.Deliver(ctx, "dest", codec.Message{Body: []byte(body)})
-			done <- err
-		}()
-		return done
+		return deliverAsync(m, "dest", body, 10*time.Second, cancelAfter)
 	}
 	blocker := deliver(owner, "blocker", 0)
 	time.Sleep(100 * time.Millisecond) // the blocker's request is in flight
@@ -91,4 +81,21 @@ func TestAdv15CancelledDeliveryIsNotSent(t *testing.T) {
 	require.NoError(t, owner.inst.Stop(lctx))
 	_, err := other.node.Deliver(lctx, "dest", codec.Message{Body: []byte("after")})
 	assert.NoError(t, err)
+}
+
+// deliverAsync delivers body from m to destination with a timeout, its
+// ctx cancelled after cancelAfter if that is positive, and returns where
+// its error will be.
+func deliverAsync(m *member, destination, body string, timeout, cancelAfter time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if cancelAfter > 0 {
+			time.AfterFunc(cancelAfter, cancel)
+		}
+		_, err := m.node.Deliver(ctx, destination, codec.Message{Body: []byte(body)})
+		done <- err
+	}()
+	return done
 }

@@ -60,19 +60,8 @@ func TestAdv16ACancelReachesADeliveryBufferedForAHandoff(t *testing.T) {
 	t.Cleanup(func() { leaveAll(t, ms) })
 	waitMembers(t, ms, 2)
 
-	ctx := context.Background()
 	deliver := func(m *member, body string, cancelAfter time.Duration) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(ctx, 4*hold)
-			defer cancel()
-			if cancelAfter > 0 {
-				time.AfterFunc(cancelAfter, cancel)
-			}
-			_, err := m.node.Deliver(ctx, dest, codec.Message{Body: []byte(body)})
-			done <- err
-		}()
-		return done
+		return deliverAsync(m, dest, body, 4*hold, cancelAfter)
 	}
 	// The caller's member knows the old owner's grain: its deliveries
 	// after the join find the new one as they would in a running cluster.
