@@ -47,11 +47,11 @@
 // codec.Tuning's field docs say what StrictGroups, WhenFull Block and
 // Adaptive do; what the instance adds:
 //
-// StrictGroups: a delivery of a group refused because the queue is full
-// pauses the group for new deliveries, as a retryable failure does, and so
-// does a restart for every group the crashed batcher held.
-// Instance.ResumeGroup resumes a group, Instance.PausedGroups lists the
-// paused ones, and Instance.TakePausedGroups and AdoptPausedGroups move them
+// StrictGroups: a paused group's rule lives in the batcher, so it holds the
+// same for the front door's callers and actors'; the answer that paused it
+// names the key it waits for next, and GroupPausedError.After suggests a
+// wait. Instance.ResumeGroup ends a pause without the retries (the caller's
+// choice), Instance.PausedGroups lists the paused groups, and Instance.TakePausedGroups and AdoptPausedGroups move them
 // to another instance that takes the destination over. In one SQS
 // SendMessageBatch holding several entries of a group, SQS enqueues the
 // entries in order but answers each alone: if entry i fails retryably and a
@@ -59,11 +59,10 @@
 // before i's retry (the batcher cannot recall it). Everything of the group
 // that would leave after that request is held.
 //
-// WhenFull Block: Stats.Waiting counts the waiters; a waiter whose caller
-// gave up still counts until the batcher next looks at the waiting list
-// (room frees, a full queue is swept, or the waiter's deadline passes). A
-// waiter whose deadline passes is answered with an error wrapping
-// context.DeadlineExceeded and never queued; Stop answers waiters
+// WhenFull Block: Stats.Waiting counts the waiters. A waiter whose deadline
+// passes is answered with an error wrapping context.DeadlineExceeded and
+// never queued; a front-door caller that cancels while queued frees its room
+// at once, and the waiters that fit are admitted then; Stop answers waiters
 // messages.ErrStopped.
 //
 // Adaptive: the limit grows by one per window (two request times) while

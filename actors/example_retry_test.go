@@ -97,8 +97,12 @@ func deliver(ctx context.Context, inst *actors.Instance, dest codec.Codec, row c
 		}
 		wait := failurePause
 		var full *messages.RetryAfterError
-		if errors.As(err, &full) {
+		var paused *messages.GroupPausedError
+		switch {
+		case errors.As(err, &full):
 			wait = full.After // the queue was full: nothing was queued
+		case errors.As(err, &paused) && paused.After > 0:
+			wait = paused.After // the group waits for an earlier message's retry
 		}
 		select {
 		case <-ctx.Done():

@@ -118,19 +118,29 @@ type Tuning struct {
 	IdleTimeout time.Duration
 	// WhenFull says what happens to a delivery that does not fit the queue:
 	// Refuse (the default) answers it messages.RetryAfterError at once;
-	// Block lets it wait for room until its deadline, fairly across tenants
-	// (round-robin; arrival order within a tenant; a group's messages never
-	// overtake each other). At most QueueMax deliveries wait; past that a
-	// tenant with fewer waiters takes the place of the newest waiter of the
-	// tenant with the most, or the delivery is refused as with Refuse.
+	// Block lets it wait for room until its deadline, and while anything
+	// waits a new delivery waits for its turn too. Waiters are admitted
+	// round-robin across tenants, in arrival order within a tenant, and a
+	// group's waiters never overtake each other; the waiter whose turn it
+	// is keeps it until room for it frees (only a waiter held by its own
+	// tenant's TenantMax passes its turn on). At most QueueMax deliveries
+	// wait; past that a tenant with fewer waiters takes the place of the
+	// newest waiter of the tenant with the most, or the delivery is refused
+	// as with Refuse.
 	WhenFull FullPolicy
-	// StrictGroups: a retryable failure of a message pauses its group until
-	// the message is retried (a delivery with its IdempotencyKey, which then
-	// goes first), the group is resumed, or GroupPauseMax passes. Meanwhile
-	// the group's deliveries are answered messages.GroupPausedError and never
-	// sent. Callers retry each failed or paused message, in their own order,
-	// with the same idempotency key, and each group is stored in the order it
-	// was first delivered. One SQS limit remains: if one entry of a group
+	// StrictGroups: every answer that leaves a message's fate to its
+	// caller (a retryable failure, an expiry in the queue or in flight, a
+	// caller that cancelled, a refusal because the queue is full, a restart)
+	// pauses the message's group. The group's later queued and waiting
+	// messages, and every delivery of it that is not the retry it waits for,
+	// are answered messages.GroupPausedError and never sent; the group then
+	// admits the retries of those messages in the order it first delivered
+	// them, and resumes once the last is in, on a resume, or GroupPauseMax
+	// after its last pause. A grouped message needs an IdempotencyKey (else
+	// messages.ErrNoIdempotencyKey, permanent): its retry is known by it.
+	// Callers that retry each message answered without a final result, in
+	// their own order, with the same key, see each group stored in the order
+	// they first delivered it. One SQS limit remains: if one entry of a group
 	// fails inside a request and a later entry of the same group in that
 	// request is stored, that later entry precedes the retry; set MaxEntries
 	// to 1 where that matters (a Pub/Sub Publish carries one ordering key and

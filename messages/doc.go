@@ -28,11 +28,11 @@
 //     jitter up to Tuning.RetryAfterMax.
 //   - *GroupPausedError: an earlier message of the group failed in the same
 //     request, or, with Tuning.StrictGroups, the group is paused (a message
-//     of it failed retryably, was refused for fullness, or was held by a
-//     batcher that crashed); this message was never sent. Retry the message
-//     whose idempotency key is Key first (its retry resumes the group), then
-//     this one; or resume the group (actors.Instance.ResumeGroup), or wait
-//     for Tuning.GroupPauseMax.
+//     of it was answered without a final result: a retryable failure, an
+//     expiry, a cancel, a refusal for fullness, a restart); this message was
+//     never sent. Retry the message whose idempotency key is Key first, then
+//     this one, after the suggested wait After; or resume the group
+//     (actors.Instance.ResumeGroup), or wait for Tuning.GroupPauseMax.
 //   - ErrBatcherDown: the batcher crashed while it held the message (a panic
 //     in its own code or in a telemetry Recorder); it may or may not have
 //     been sent.
@@ -82,6 +82,8 @@
 //     codec.ErrCodecPanic from Name, Identity, Limits or Tuning: the codec's
 //     configuration is refused (the sqs and pubsub codecs refuse a bad
 //     Config or Tuning in New already).
+//   - ErrNoIdempotencyKey: a message with a Group but no IdempotencyKey to a
+//     destination with Tuning.StrictGroups.
 //   - ErrNilCodec: the codec is nil, or a nil pointer.
 //   - actors.ErrNilContext: a method of actors.Instance was given a nil ctx.
 //   - ErrNotDeliver: an actor sent the instance's PID something other than a
