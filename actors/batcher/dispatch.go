@@ -114,6 +114,7 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if d.q.s.strict && g != "" {
 		var rank uint64
 		if a.waitFor, a.paused, retry, rank = d.q.checkPaused(g, e.msg.IdempotencyKey, now); a.paused && !retry {
+			d.q.owe(e)
 			return a
 		}
 		a.paused = false
