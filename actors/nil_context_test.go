@@ -16,9 +16,9 @@ import (
 // ErrNilContext at once, and does nothing else: Stop(nil) used to start the
 // stop and then panic on ctx.Done(), leaving an instance that refused every
 // delivery and a stop that no later Stop could finish.
-func TestAdv14NilContextIsRefusedEverywhere(t *testing.T) {
-	_, inst := start(t, actors.Config{Name: "adv14nil"})
-	c := flakyStrictCodec("adv14nil", 0)
+func TestNilContextIsRefusedEverywhere(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "nilctx"})
+	c := flakyStrictCodec("nilctx", 0)
 	var nilCtx context.Context
 	calls := map[string]func() error{
 		"Stop": func() error { return inst.Stop(nilCtx) },

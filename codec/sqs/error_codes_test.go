@@ -22,14 +22,12 @@ import (
 // The package doc (Errors) promises a permanent *codec.EntryError for "a
 // queue whose KMS key cannot be used (KmsAccessDenied, KmsDisabled,
 // KmsNotFound, ... and their KMS.* forms)", and permanentCodes lists
-// KmsInvalidState and UnsupportedOperation as codes no resend can cure. The
-// shape-name form of each was answered permanently, but the form Amazon SQS
-// actually sends was retryable: the table spelt the first
-// "KMS.KMSInvalidStateException" and lacked the second. Now the SDK's
-// error types are matched too, whatever the code's spelling. (Neither kumo nor fauxqs returns these
+// KmsInvalidState and UnsupportedOperation as codes no resend can cure:
+// both the shape-name form and the form Amazon SQS sends are permanent, and
+// the SDK's error types are matched too, whatever the code's spelling. (Neither kumo nor fauxqs returns these
 // errors: the proxy answers as SQS does, the same way TestFaultClassification
 // fakes KMS.AccessDeniedException.)
-func TestAdv16QueryCompatibleCodesKeepTheirClass(t *testing.T) {
+func TestQueryCompatibleCodesKeepTheirClass(t *testing.T) {
 	tests := []struct {
 		name       string
 		typ, query string
@@ -62,7 +60,7 @@ func TestAdv16QueryCompatibleCodesKeepTheirClass(t *testing.T) {
 // KmsInvalidState, listed as permanent) came back retryable there too,
 // while its siblings (KMS.DisabledException, TestFaultEntryClassification)
 // are permanent.
-func TestAdv16QueryCompatibleEntryCodeKeepsItsClass(t *testing.T) {
+func TestQueryCompatibleEntryCodeKeepsItsClass(t *testing.T) {
 	f := newFaultEnv(t, false)
 	for _, code := range []string{"KmsInvalidState", "KMS.InvalidStateException", "KMS.NotFoundException"} {
 		t.Run(code, func(t *testing.T) {

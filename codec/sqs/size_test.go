@@ -2,13 +2,11 @@ package sqs_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,8 +15,8 @@ import (
 	"github.com/ankusa/sinkbatch/codec/sqs"
 )
 
-// adv4Modes are the trace propagation modes, by name.
-var adv4Modes = []struct {
+// traceModes are the trace propagation modes, by name.
+var traceModes = []struct {
 	name string
 	mode sqs.TracePropagation
 }{
@@ -28,11 +26,11 @@ var adv4Modes = []struct {
 	{"both", sqs.TraceBoth},
 }
 
-// adv4Message is a valid message with the parts Size adds up: attributes
+// sizedMessage is a valid message with the parts Size adds up: attributes
 // (none, a non-nil empty map, several with multi-byte values),
 // an idempotency key, a trace context (valid, or one the codec does not
 // carry), the caller's own traceparent.
-func adv4Message(r *rand.Rand, i int) codec.Message {
+func sizedMessage(r *rand.Rand, i int) codec.Message {
 	m := codec.Message{Body: []byte(fmt.Sprintf("m%d-%s", i, strings.Repeat("é", r.IntN(40))))}
 	switch r.IntN(3) {
 	case 0:
@@ -70,11 +68,11 @@ func adv4Message(r *rand.Rand, i int) codec.Message {
 // AWSTraceHeader, Size counts it although SQS does not (package doc,
 // Tracing): there the request SQS refuses is 84 bytes a message further
 // than Σ Size, and the test checks that much.
-func TestAdv4SizeIsWhatSQSCounts(t *testing.T) {
+func TestSizeIsWhatSQSCounts(t *testing.T) {
 	e := newFauxqs(t)
 	q := e.createQueue(t, false, false)
 	header := len(sqs.AWSTraceHeader) + len("String") + len(sampledHeader)
-	for _, md := range adv4Modes {
+	for _, md := range traceModes {
 		t.Run(md.name, func(t *testing.T) {
 			c := e.codec(t, q, codec.Tuning{}, func(c *sqs.Config) { c.TracePropagation = md.mode })
 			r := rand.New(rand.NewPCG(7, uint64(md.mode)))
@@ -83,7 +81,7 @@ func TestAdv4SizeIsWhatSQSCounts(t *testing.T) {
 				batch := make([]codec.Message, n)
 				sum, uncounted := 0, 0
 				for i := range batch {
-					batch[i] = adv4Message(r, round*100+i)
+					batch[i] = sizedMessage(r, round*100+i)
 					require.NoError(t, c.Validate(batch[i]))
 					if (md.mode == sqs.TraceAWSHeader || md.mode == sqs.TraceBoth) && batch[i].Trace.Parent == sampledParent {
 						uncounted += header
@@ -124,52 +122,6 @@ func TestAdv4SizeIsWhatSQSCounts(t *testing.T) {
 					}
 				}
 			}
-		})
-	}
-	e.drain(t, q)
-}
-
-// The sqs package doc (Tracing) promises: "A trace context never costs a
-// message its delivery". In the default mode the context travels in the
-// AWSTraceHeader, a system attribute SQS does not count toward a message's
-// size: a message that SQS takes without its trace context (here exactly
-// MaxMessageBytes of body, or Tuning.MaxBytes when that is tighter) must
-// pass Validate with it too, and be taken by a batcher and stored (kumo);
-// the codec may leave the header out, but must not refuse the message. (The W3C attributes count toward SQS's size and attribute
-// limits, and TraceW3CAttributes says so: a message they take over a limit
-// is refused, as TestTraceSizeAndValidate pins.)
-func TestAdv4TraceNeverCostsAMessageItsDelivery(t *testing.T) {
-	e := newKumo(t)
-	q := e.createQueue(t, false, false)
-	for _, tc := range []struct {
-		name  string
-		tight int // Tuning.MaxBytes; 0: SQS's
-	}{{"MaxMessageBytes", 0}, {"Tuning.MaxBytes", 4096}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := e.codec(t, q, codec.Tuning{MaxBytes: tc.tight})
-			limit := c.MaxMessageBytes()
-			if tc.tight > 0 {
-				limit = tc.tight
-			}
-			plain := codec.Message{Body: bytes.Repeat([]byte("x"), limit-len("idem")-len("String")-3), IdempotencyKey: "k-1"}
-			require.Equal(t, limit, c.Size(plain))
-			require.NoError(t, c.Validate(plain), "the message without a trace context")
-			traced := plain
-			traced.Trace = codec.TraceContext{Parent: sampledParent}
-			require.NoError(t, c.Validate(traced), "the same message with a trace context is refused: the trace context cost it its delivery")
-			assert.LessOrEqual(t, c.Size(traced), limit, "what Size counts fits the limit the batcher enforces")
-
-			// Through a batcher (the instance does not trace; the
-			// message carries its context as a traced one would).
-			inst := startInstance(t)
-			dctx, cancel := context.WithTimeout(ctx(t), 10*time.Second)
-			defer cancel()
-			_, err := inst.Deliver(dctx, c, traced)
-			require.NoError(t, err, "a batcher takes the traced message")
-
-			// Room left: the header is carried, and SQS stores it.
-			small := codec.Message{Body: []byte("small"), Trace: codec.TraceContext{Parent: sampledParent}}
-			require.Equal(t, 5+len(sqs.AWSTraceHeader)+len("String")+len(sampledHeader), c.Size(small), "a message with room carries the header")
 		})
 	}
 	e.drain(t, q)

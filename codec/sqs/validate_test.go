@@ -10,15 +10,14 @@ import (
 	"github.com/ankusa/sinkbatch/codec/sqs"
 )
 
-// Validate's attribute checks, moved into checkAttributes, still refuse
-// what they refused, and report the same fault first every time when a
-// message holds several (they are checked in name order, whatever order
+// Validate's attribute checks refuse each fault, and report the same fault
+// first every time when a message holds several (they are checked in name order, whatever order
 // the map iterates in): names SQS reserves in any case, periods, the
 // idempotency attribute taken while a key is set (but free without one),
 // empty and unprintable values; and the count, in which the idempotency
 // key and the W3C trace attributes take a place and the AWSTraceHeader
 // none.
-func TestAdv4ValidateAttributesAsBefore(t *testing.T) {
+func TestValidateRefusesEachAttributeFaultInNameOrder(t *testing.T) {
 	cfg := baseConfig()
 	cfg.IdempotencyAttribute = "idem"
 	c := mustNew(t, cfg)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/mono"
 )
 
 // A waiter's timer, left armed by a call that was answered before its
@@ -23,7 +24,7 @@ import (
 // alone. Each cycle runs calls answered at once for about a DefaultTimeout
 // (the first leaves the timer armed), then one never answered, which must get
 // errNoAnswer no earlier than its deadline and well before the hang bound.
-func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
+func TestWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 	const (
 		timeout = 200 * time.Microsecond
 		hang    = 2 * time.Second // an answer this late is a call no timer ends
@@ -37,7 +38,7 @@ func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.NewTextHandler(io.Discard, nil))
 	}))
-	p := &waiters{system: system, prefix: "adv$reply"}
+	p := &waiters{system: system, prefix: "test$reply"}
 	t.Cleanup(p.close)
 
 	var wg sync.WaitGroup
@@ -53,26 +54,26 @@ func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 				// Calls answered at once, from first, leave the timer armed
 				// for first's deadline; the call that is never answered
 				// begins close to that deadline, when the timer fires.
-				first := monoNow()
+				first := mono.Now()
 				target := first + int64(timeout) + rand.Int64N(int64(timeout)/4) - int64(timeout)/8
 				for {
-					d := monoNow() + int64(timeout)
+					d := mono.Now() + int64(timeout)
 					w.bound(d)
 					w.begin(&pid, "nonhost")
 					w.Answer(&pid, codec.Result{ID: "ok"})
 					// Its deadline may pass before the answer on a loaded
 					// machine: then the timer's errNoAnswer wins.
 					r := <-w.answer
-					if r.ID != "ok" && (r.Err != errNoAnswer || monoNow() < d) {
+					if r.ID != "ok" && (r.Err != errNoAnswer || mono.Now() < d) {
 						errs <- "answered call got neither its answer nor a timely errNoAnswer"
 						return
 					}
-					if monoNow() >= target {
+					if mono.Now() >= target {
 						break
 					}
 				}
 				began := time.Now()
-				d := monoNow() + int64(timeout)
+				d := mono.Now() + int64(timeout)
 				w.bound(d)
 				// Deliver allocates its call's record between the two, and
 				// its goroutine may be preempted there: let the timer's
@@ -87,7 +88,7 @@ func TestAdvWaiterTimerFiringAtBeginEndsTheCall(t *testing.T) {
 						errs <- "unanswered call got something other than errNoAnswer"
 						return
 					}
-					if now := monoNow(); now < d {
+					if now := mono.Now(); now < d {
 						errs <- "errNoAnswer came before the call's deadline"
 						return
 					}

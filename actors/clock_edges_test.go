@@ -27,12 +27,12 @@ import (
 // past deadline at once with an error wrapping context.DeadlineExceeded,
 // never sent; a near one at that deadline, not before; a far one with the
 // destination's answer.
-func TestAdv4DeliverDeadlinesAtTheClocksEdges(t *testing.T) {
+func TestDeliverDeadlinesAtTheClocksEdges(t *testing.T) {
 	const (
 		timeout = 150 * time.Millisecond
 		within  = 10 * time.Second // the futures' bound: only catches hangs
 	)
-	system, inst := start(t, actors.Config{Name: "adv4clock", DefaultTimeout: timeout})
+	system, inst := start(t, actors.Config{Name: "clock", DefaultTimeout: timeout})
 	lim := codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}
 	silent, _ := silentCodec(t, lim)
 	echo := fakecodec.New("echo", lim)
@@ -97,7 +97,7 @@ func TestAdv4DeliverDeadlinesAtTheClocksEdges(t *testing.T) {
 // MaxEntries 1 (every batch is full at once: nothing waits for a linger
 // or idle timer that never fires). Every delivery gets its own id, the
 // destination's batchers come and go, and end.
-func TestAdv4TuningAtTheClocksEdges(t *testing.T) {
+func TestTuningAtTheClocksEdges(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		tune codec.Tuning
@@ -107,8 +107,8 @@ func TestAdv4TuningAtTheClocksEdges(t *testing.T) {
 		{"forever, full at once", codec.Tuning{Linger: math.MaxInt64, IdleTimeout: math.MaxInt64, RetryAfterMax: math.MaxInt64, GroupPauseMax: math.MaxInt64}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, inst := start(t, actors.Config{Name: "adv4tune"})
-			c := fakecodec.New("adv4tune", codec.Limits{MaxEntries: tc.max, MaxBytes: 1 << 20})
+			_, inst := start(t, actors.Config{Name: "tune"})
+			c := fakecodec.New("tune", codec.Limits{MaxEntries: tc.max, MaxBytes: 1 << 20})
 			c.Tune = tc.tune
 			c.Hook = echoIDs
 			var wg sync.WaitGroup

@@ -23,7 +23,7 @@ import (
 // holding a fresh copy of the PID does. protoactor caches the process a
 // PID value resolved to in the value itself, and drops the cache only for
 // a dead ActorProcess, not for the instance's router.
-func TestAdv4NewInstanceTakesOverTheOldPID(t *testing.T) {
+func TestNewInstanceTakesOverTheOldPID(t *testing.T) {
 	const within = 5 * time.Second
 	system := testinst.System()
 	t.Cleanup(system.Shutdown)

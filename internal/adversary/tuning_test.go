@@ -1,9 +1,5 @@
 package adversary_test
 
-// Durations a user may set to mean "never" (math.MaxInt64): added to the
-// batcher's clock, they must saturate rather than overflow into the past
-// (found by this package; fixed in d486a59).
-
 import (
 	"context"
 	"math"
@@ -19,6 +15,10 @@ import (
 	"github.com/ankusa/sinkbatch/internal/testinst"
 	"github.com/ankusa/sinkbatch/messages"
 )
+
+// Durations a user may set to mean "never" (math.MaxInt64): added to the
+// batcher's clock, they must saturate rather than overflow into the past
+// (overflowing would put every deadline or timer in the past).
 
 // A Config.DefaultTimeout of math.MaxInt64 ("no timeout": Start accepts it)
 // is added to the batcher's clock for a *messages.Deliver with no Deadline;
@@ -61,4 +61,35 @@ func TestLingerForever(t *testing.T) {
 	res, err := system.Root.RequestFuture(inst.PID(), d, answerWithin).Result()
 	require.NoError(t, err, "the batcher answers at the entry's deadline, well before the future's timeout")
 	assert.ErrorIs(t, res.(*messages.Delivered).Err, context.DeadlineExceeded)
+}
+
+// With QueueMaxBytes left zero, a codec whose Limits.MaxBytes is above
+// codec.DefaultQueueMaxBytes still queues a message within MaxBytes: the
+// default queue bound is never below MaxBytes, so such a message is never
+// told to retry forever.
+func TestDefaultQueueMaxBytesTakesAMessageWithinMaxBytes(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "bigbytes"})
+	c := fakecodec.New("big", codec.Limits{MaxEntries: 10, MaxBytes: 256 << 20})
+	c.SizeHook = func(codec.Message) int { return 200 << 20 } // the codec's own count
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+		_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+		cancel()
+		var ra *messages.RetryAfterError
+		require.Falsef(t, errorsAs(err, &ra), "a message within MaxBytes that no empty queue can take is answered %v: retried forever", err)
+	}
+}
+
+// A Tuning that Tuning.Check refuses answers every delivery with an error
+// that names the field and is permanent, so a caller that follows the error
+// catalogue does not retry a delivery that can never succeed.
+func TestRefusedTuningIsPermanent(t *testing.T) {
+	_, inst := testinst.Start(t, actors.Config{Name: "badtuning"})
+	c := fakecodec.New("bad", codec.Limits{MaxEntries: 10, MaxBytes: 1000})
+	c.Tune = codec.Tuning{MaxBytes: 1000, QueueMaxBytes: 500}
+	ctx, cancel := context.WithTimeout(context.Background(), answerWithin)
+	defer cancel()
+	_, err := inst.Deliver(ctx, c, codec.Message{Body: []byte("x")})
+	require.ErrorContains(t, err, "Tuning.QueueMaxBytes")
+	assert.True(t, codec.IsPermanent(err), "%q is retryable", err)
 }

@@ -25,14 +25,14 @@ import (
 // timeout) while their entries are queued, not in a batch. Once the slot
 // frees, none of the abandoned messages reaches the codec, every other
 // caller gets its own id, and the counters come back to zero.
-func TestAdv4AbandonedWhileQueuedIsNeverSent(t *testing.T) {
+func TestAbandonedWhileQueuedIsNeverSent(t *testing.T) {
 	const (
 		callers = 40
 		futures = 20
 		within  = 10 * time.Second
 	)
-	system, inst := start(t, actors.Config{Name: "adv4abandon"})
-	c, v := valved("adv4abandon", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}, codec.Tuning{Linger: time.Millisecond, MaxInflight: 1})
+	system, inst := start(t, actors.Config{Name: "abandon"})
+	c, v := valved("abandon", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20}, codec.Tuning{Linger: time.Millisecond, MaxInflight: 1})
 	plugged := plug(t, inst, c, v, within)
 
 	type outcome struct {
@@ -120,14 +120,14 @@ func TestAdv4AbandonedWhileQueuedIsNeverSent(t *testing.T) {
 // queued and the rest wait for room (Stats.Waiting); half of both give up.
 // When the slot frees, room goes to the callers still waiting, none of the
 // abandoned messages is sent, and Waiting and Queued come back to zero.
-func TestAdv4AbandonedWhileBlockedIsNeverSent(t *testing.T) {
+func TestAbandonedWhileBlockedIsNeverSent(t *testing.T) {
 	const (
 		queueMax = 4
 		callers  = 2 * queueMax // queueMax queued, queueMax waiting (the waiting list holds as many)
 		within   = 10 * time.Second
 	)
-	_, inst := start(t, actors.Config{Name: "adv4block"})
-	c, v := valved("adv4block", codec.Limits{MaxEntries: 3, MaxBytes: 1 << 20},
+	_, inst := start(t, actors.Config{Name: "block"})
+	c, v := valved("block", codec.Limits{MaxEntries: 3, MaxBytes: 1 << 20},
 		codec.Tuning{Linger: time.Millisecond, MaxInflight: 1, QueueMax: queueMax, WhenFull: codec.Block})
 	plugged := plug(t, inst, c, v, within)
 

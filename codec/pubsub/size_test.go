@@ -17,13 +17,13 @@ import (
 	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
-// adv4Message is a valid message drawn from the shapes Size and Validate
+// drawnMessage is a valid message drawn from the shapes Size and Validate
 // branch on: no attributes, an empty but non-nil map, empty values, the
 // idempotency attribute's name used as an ordinary attribute (no key), the
 // user's own trace attributes (which a carried context replaces, tracestate
 // included even when the context has none), multi-byte text, and lengths
 // around varint boundaries.
-func adv4Message(r *rand.Rand, idemAttr string) codec.Message {
+func drawnMessage(r *rand.Rand, idemAttr string) codec.Message {
 	lengths := []int{0, 1, 2, 127, 128, 129, 300, 1023, 1024}
 	pick := func(most int) int { return min(lengths[r.IntN(len(lengths))], most) }
 	text := func(n int) string {
@@ -80,13 +80,12 @@ func adv4Message(r *rand.Rand, idemAttr string) codec.Message {
 	return m
 }
 
-// Size, after its attribute loop moved into attributesSize, is still what
-// the codec's own SendBatch puts on the wire: the PublishRequest pstest
+// Size is what the codec's own SendBatch puts on the wire: the PublishRequest pstest
 // receives from it is exactly the topic field plus Σ Size of its messages,
-// for every shape adv4Message draws, with and without trace propagation and
+// for every shape drawnMessage draws, with and without trace propagation and
 // with a custom idempotency attribute; and a message Validate accepts is
 // published, not refused by the codec or the server.
-func TestAdv4SizeIsWhatSendBatchPutsOnTheWire(t *testing.T) {
+func TestSizeIsWhatSendBatchPutsOnTheWire(t *testing.T) {
 	rec := &recorder{}
 	srv := newServer(t, rec.option())
 	for _, tc := range []struct {
@@ -119,7 +118,7 @@ func TestAdv4SizeIsWhatSendBatchPutsOnTheWire(t *testing.T) {
 				var batch []codec.Message
 				sum := 0
 				for len(batch) < 1+r.IntN(8) {
-					m := adv4Message(r, idemAttr)
+					m := drawnMessage(r, idemAttr)
 					m.Group = group
 					if c.Validate(m) != nil {
 						continue
@@ -139,27 +138,26 @@ func TestAdv4SizeIsWhatSendBatchPutsOnTheWire(t *testing.T) {
 				req := reqs[len(reqs)-1]
 				require.Equal(t, topic+sum, proto.Size(req), "round %d: the wire request is the topic field plus Σ Size", round)
 				for i, m := range batch {
-					assert.Equal(t, c.Size(m), adv4Framed(req.Messages[i]), "round %d message %d: Size is its own encoded size on the wire", round, i)
+					assert.Equal(t, c.Size(m), framedSize(req.Messages[i]), "round %d message %d: Size is its own encoded size on the wire", round, i)
 				}
 			}
 		})
 	}
 }
 
-// adv4Framed is a published message's size inside its request: its own
+// framedSize is a published message's size inside its request: its own
 // encoding plus the repeated field's tag and length.
-func adv4Framed(p *pubsubpb.PubsubMessage) int {
+func framedSize(p *pubsubpb.PubsubMessage) int {
 	return protowire.SizeTag(2) + protowire.SizeBytes(proto.Size(p))
 }
 
-// Validate after the refactor refuses what the limits say, for the inputs
-// the moved attribute loop sees and the ones around it that the existing
-// table does not hold: faults in the user's own trace attributes (which a
+// Validate refuses what the limits say, for the attribute shapes the
+// table in TestValidate does not hold: faults in the user's own trace attributes (which a
 // carried context replaces, yet they are checked as given), faults among
 // many good attributes, a map that is non-nil but empty, the trace
 // attributes' share of the 100-attribute limit. Each message is refused
 // with exactly the code named, whatever order the map iterates in.
-func TestAdv4ValidateRefusesTheSameInputs(t *testing.T) {
+func TestValidateRefusesAttributeFaultsByTheLimits(t *testing.T) {
 	c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testTopic, Endpoint: "127.0.0.1:1", Insecure: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })

@@ -56,11 +56,11 @@ func deliverWithin(inst *actors.Instance, c codec.Codec, group, key, body string
 // group's next delivery GroupPausedError naming the failed message's key
 // until that message's retry, which resumes it. Groups that were not
 // paused are not held, and the time a pause has left travels with it.
-func TestAdv13PausesMoveBetweenInstances(t *testing.T) {
-	_, giver := start(t, actors.Config{Name: "adv13give"})
-	_, taker := start(t, actors.Config{Name: "adv13take"})
+func TestPausesMoveBetweenInstances(t *testing.T) {
+	_, giver := start(t, actors.Config{Name: "adopt-give"})
+	_, taker := start(t, actors.Config{Name: "adopt-take"})
 	const pauseMax = time.Minute
-	c := flakyStrictCodec("adv13move", pauseMax)
+	c := flakyStrictCodec("adopt-move", pauseMax)
 	bg := context.Background()
 	for _, g := range []string{"a", "b"} {
 		_, err := deliverWithin(giver, c, g, "k-"+g, "fail-"+g)
@@ -112,10 +112,10 @@ func TestAdv13PausesMoveBetweenInstances(t *testing.T) {
 // one longer than the taker's GroupPauseMax is cut to it (the group resumes
 // on its own then), a group paused on the taker already keeps its own key,
 // nothing to adopt is no error, and bad input is refused at once.
-func TestAdv13AdoptPausedGroupsAtTheEdges(t *testing.T) {
-	_, inst := start(t, actors.Config{Name: "adv13edges"})
+func TestAdoptPausedGroupsAtTheEdges(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adopt-edges"})
 	const pauseMax = 300 * time.Millisecond
-	c := flakyStrictCodec("adv13edges", pauseMax)
+	c := flakyStrictCodec("adopt-edges", pauseMax)
 	bg := context.Background()
 	_, err := deliverWithin(inst, c, "own", "k-own", "fail-own")
 	require.Error(t, err)
@@ -153,11 +153,11 @@ func TestAdv13AdoptPausedGroupsAtTheEdges(t *testing.T) {
 // goroutines: each delivery made after AdoptPausedGroups returned is held,
 // and none is lost or answered twice, while the destination's batcher
 // starts, restarts under a crashing listener and stops idle around it.
-func TestAdv13AdoptRacingDeliveries(t *testing.T) {
-	_, inst := start(t, actors.Config{Name: "adv13race"})
+func TestAdoptPausedGroupsRacingDeliveries(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adopt-race"})
 	bg := context.Background()
 	for round := range 30 {
-		c := flakyStrictCodec(fmt.Sprint("adv13race-", round), time.Minute)
+		c := flakyStrictCodec(fmt.Sprint("adopt-race-", round), time.Minute)
 		c.Tune.IdleTimeout = time.Millisecond
 		var wg sync.WaitGroup
 		var adopted sync.WaitGroup
@@ -204,18 +204,18 @@ func TestAdv13AdoptRacingDeliveries(t *testing.T) {
 // or messages.ErrStopped, every delivery is answered, and nothing panics.
 // Before, a route that answered what it held took every held message for a
 // delivery: an adoption held there made the router panic.
-func TestAdv13AdoptRacingStop(t *testing.T) {
+func TestAdoptPausedGroupsRacingStop(t *testing.T) {
 	for round := range 150 {
 		// Stop races the deliveries, whose late answers are dead letters:
 		// protoactor's dead-letter throttle then runs a goroutine for its
 		// interval, which goleak would find if this were the last test.
 		system := actor.NewActorSystem(actor.WithDeadLetterThrottleInterval(time.Millisecond),
 			actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
-		inst, err := actors.Start(system, actors.Config{Name: fmt.Sprint("adv13stop", round)})
+		inst, err := actors.Start(system, actors.Config{Name: fmt.Sprint("adopt-stop", round)})
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		for i := range 6 {
-			c := flakyStrictCodec(fmt.Sprintf("adv13stop-%d-%d", round, i), time.Minute)
+			c := flakyStrictCodec(fmt.Sprintf("adopt-stop-%d-%d", round, i), time.Minute)
 			wg.Add(2)
 			go func() {
 				defer wg.Done()
@@ -252,9 +252,9 @@ func TestAdv13AdoptRacingStop(t *testing.T) {
 // ctx's error, and the pauses still reach the batcher before the next
 // delivery: the group is held. A ctx that ended before the call adopts
 // nothing.
-func TestAdv13AdoptGivingUpStillPauses(t *testing.T) {
-	_, inst := start(t, actors.Config{Name: "adv13giveup"})
-	c := flakyStrictCodec("adv13giveup", time.Minute)
+func TestAdoptPausedGroupsGivingUpStillPauses(t *testing.T) {
+	_, inst := start(t, actors.Config{Name: "adopt-giveup"})
+	c := flakyStrictCodec("adopt-giveup", time.Minute)
 	entered, slow := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	c.SizeHook = func(m codec.Message) int {

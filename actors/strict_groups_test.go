@@ -20,6 +20,68 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
+func groupNames(n int) []string {
+	gs := make([]string, n)
+	for i := range gs {
+		gs[i] = fmt.Sprintf("g%02d", i)
+	}
+	return gs
+}
+
+// checkStrictGroups runs the property StrictGroups promises with it on and
+// off. dest makes one run's destination: the Faults its servers inject, a
+// codec with StrictGroups as given, and what the server stored. Each group's
+// messages go through retrying Callers; with StrictGroups every group is
+// stored in the order its caller first delivered it, without it the
+// followers of a failed message overtake its retry.
+func checkStrictGroups(t *testing.T, dest func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string)) {
+	groups := groupNames(8)
+	const per = 60
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			f, c, stored := dest(t, strict)
+			system, inst := start(t, actors.Config{Name: "strict"})
+			retries := Callers(t, system, inst.PID(), c, groups, per)
+			paused, err := inst.PausedGroups(context.Background(), c)
+			require.NoError(t, err)
+			assert.Empty(t, paused, "every failed message was retried: no group stays paused")
+			bad, missing := Violations(stored(), groups, per)
+			t.Logf("strict=%v: %d failures injected, %d retries, %d stored out of order", strict, f.Struck.Load(), retries, bad)
+			assert.Zero(t, missing, "every message is stored")
+			require.Positive(t, f.Struck.Load(), "failures were injected")
+			if strict {
+				assert.Zero(t, bad, "stored out of first-delivery order")
+			} else {
+				assert.Positive(t, bad, "without StrictGroups followers overtake the retry")
+			}
+		})
+	}
+}
+
+// The property StrictGroups promises, on a real SQS FIFO queue (fauxqs):
+// a caller that retries each failed or paused message, in its own order,
+// with the same key, sees each group stored in the order it first delivered
+// it, under random whole-request and per-entry failures. Without
+// StrictGroups the same run stores followers before the failed message's
+// retry: the test would catch a broken promise.
+func TestStrictGroupsKeepOrderAcrossFailuresSQS(t *testing.T) {
+	checkStrictGroups(t, func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string) {
+		f := NewFaults(0.05, 0.05, 1)
+		q := NewSQS(t, f)
+		return f, q.Codec(t, codec.Tuning{StrictGroups: strict}), func() map[string][]string { return q.Stored(t) }
+	})
+}
+
+// The same property with Pub/Sub ordering keys (pstest), whose Publish
+// succeeds or fails as a whole.
+func TestStrictGroupsKeepOrderAcrossFailuresPubSub(t *testing.T) {
+	checkStrictGroups(t, func(t *testing.T, strict bool) (*Faults, codec.Codec, func() map[string][]string) {
+		f := NewFaults(0.1, 0, 2)
+		p := NewPubSub(t, f)
+		return f, p.Codec(t, codec.Tuning{StrictGroups: strict, MaxEntries: 5}), p.Stored
+	})
+}
+
 // crasher is a batcher.Listener whose Listening panics: a Deliver naming
 // it, sent to the instance's PID, restarts the destination's batcher (the
 // batcher asks it in its Receive). Its answers are dropped.
@@ -27,14 +89,14 @@ type crasher struct{ n atomic.Int64 }
 
 func (c *crasher) Listening(*actor.PID) bool {
 	c.n.Add(1)
-	panic("adv4: Listening panics")
+	panic("Listening panics")
 }
 func (*crasher) Answer(*actor.PID, codec.Result) {}
 
-// adv4StrictSetup starts an instance and a StrictGroups destination whose
+// strictSetup starts an instance and a StrictGroups destination whose
 // codec fails bodies starting "fail" retryably and answers the others with
 // ids made of their bodies, and returns a Deliver for it.
-func adv4StrictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Instance, *fakecodec.Codec, func(group, body string) (string, error)) {
+func strictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Instance, *fakecodec.Codec, func(group, body string) (string, error)) {
 	const within = 10 * time.Second
 	system, inst := start(t, actors.Config{Name: name})
 	c := flakyStrictCodec(name, 0)
@@ -54,12 +116,12 @@ func adv4StrictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Ins
 // of the group admitted, not answered GroupPausedError for the 30 s of
 // GroupPauseMax: the pause must be in place when the failure is answered,
 // or the resume finds nothing to resume and the pause lands after it.
-func TestAdv4ResumeGroupRightAfterTheFailure(t *testing.T) {
+func TestResumeGroupRightAfterTheFailure(t *testing.T) {
 	rounds := 200
 	if testing.Short() {
 		rounds = 50
 	}
-	_, inst, c, deliver := adv4StrictSetup(t, "adv4resumeat")
+	_, inst, c, deliver := strictSetup(t, "resumeat")
 	bg := context.Background()
 	lost := 0
 	for r := range rounds {
@@ -95,13 +157,13 @@ func TestAdv4ResumeGroupRightAfterTheFailure(t *testing.T) {
 // them over and the new one taking them must not be lost. After each
 // ResumeGroup that returned nil, the group is not paused and its next
 // delivery is sent.
-func TestAdv4ResumeGroupDuringARestart(t *testing.T) {
+func TestResumeGroupDuringARestart(t *testing.T) {
 	const within = 10 * time.Second
 	rounds := 600
 	if testing.Short() {
 		rounds = 50
 	}
-	system, inst, c, deliver := adv4StrictSetup(t, "adv4resume")
+	system, inst, c, deliver := strictSetup(t, "resume")
 	crash := &crasher{}
 	bg := context.Background()
 	lost := 0
@@ -111,7 +173,7 @@ func TestAdv4ResumeGroupDuringARestart(t *testing.T) {
 		require.Error(t, err)
 		require.False(t, codec.IsPermanent(err))
 		// The pause may land just after the answer (see
-		// TestAdv4ResumeGroupRightAfterTheFailure): wait for it.
+		// TestResumeGroupRightAfterTheFailure): wait for it.
 		require.Eventually(t, func() bool {
 			p, _ := inst.PausedGroups(bg, c)
 			return len(p) == 1 && p[0] == "g"
@@ -121,7 +183,7 @@ func TestAdv4ResumeGroupDuringARestart(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			d := &messages.Deliver{Codec: c, Message: codec.Message{Tenant: "t", Body: []byte("crash")}, Deadline: time.Now().Add(within)}
-			d.Ref = &batcher.Direct{Listener: crash, Sender: &actor.PID{Address: system.Address(), Id: "adv4-crash", RequestId: 1}}
+			d.Ref = &batcher.Direct{Listener: crash, Sender: &actor.PID{Address: system.Address(), Id: "crash", RequestId: 1}}
 			system.Root.Send(inst.PID(), d)
 		})
 		wg.Go(func() {
