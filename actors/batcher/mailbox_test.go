@@ -129,7 +129,7 @@ func (w wrapped) Schedule(fn func()) { w.mailboxRef.Schedule(w.rs.wrap(fn)) }
 // mailboxRef while the batcher holds something now and then: every message
 // runs once, never two at a time, and once the last run sees the batcher
 // hold nothing no goroutine of the mailbox is left.
-func TestAdv5MailboxRunsEveryMessageOnceOnOneGoroutineAtATime(t *testing.T) {
+func TestMailboxRunsEveryMessageOnceOnOneGoroutineAtATime(t *testing.T) {
 	r := newMailboxRef()
 	defer r.close()
 	rs := &runners{ids: map[string]bool{}}

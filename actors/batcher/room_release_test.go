@@ -15,9 +15,9 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
-// adv6Deliver is call n's Deliver, naming a Room owned by a roomOwner, as
+// roomDeliver is call n's Deliver, naming a Room owned by a roomOwner, as
 // the front door's call record does.
-func adv6Deliver(l *events, n uint32, group, key string) *messages.Deliver {
+func roomDeliver(l *events, n uint32, group, key string) *messages.Deliver {
 	room := &Room{}
 	room.SetOwner(&roomOwner{l: l, n: n})
 	d := &messages.Deliver{Message: codec.Message{Tenant: "t", Group: group, IdempotencyKey: key, Body: []byte("m")}}
@@ -25,31 +25,31 @@ func adv6Deliver(l *events, n uint32, group, key string) *messages.Deliver {
 	return d
 }
 
-// adv6Entry is d's entry as the batcher admits it: in d's Room if it is
+// roomEntry is d's entry as the batcher admits it: in d's Room if it is
 // the first admission, else in an entry of its own.
-func adv6Entry(d *messages.Deliver, deadline int64) *entry {
+func roomEntry(d *messages.Deliver, deadline int64) *entry {
 	e := entryFor(d)
 	r := d.Ref.(*Direct)
 	*e = entry{msg: &d.Message, to: caller{deliver: d, sender: r.Sender}, size: 1, deadline: deadline}
 	return e
 }
 
-func adv6Batcher(d *dispatch) *Batcher {
+func roomBatcher(d *dispatch) *Batcher {
 	return &Batcher{p: &Params{}, d: d, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-// adv6Answer answers f's entries that nobody claimed yet, as a request
+// answerUnclaimed answers f's entries that nobody claimed yet, as a request
 // goroutine whose finishWith won them does.
-func adv6Answer(b *Batcher, f *inflight) {
+func answerUnclaimed(b *Batcher, f *inflight) {
 	n := len(f.entries)
 	won := make([]bool, n)
 	for i := range won {
 		won[i] = f.claims[i].CompareAndSwap(false, true)
 	}
-	adv6AnswerWon(b, f, won)
+	answerWon(b, f, won)
 }
 
-func adv6AnswerWon(b *Batcher, f *inflight, won []bool) {
+func answerWon(b *Batcher, f *inflight, won []bool) {
 	n := len(f.entries)
 	b.answer(f, &buffers{msgs: make([]codec.Message, n), results: make([]codec.Result, n)}, won)
 }
@@ -61,15 +61,15 @@ func adv6AnswerWon(b *Batcher, f *inflight, won []bool) {
 // while its caller still holds it. (That other answer still goes through
 // the Deliver's Direct, which is why an owned Room's Deliver must be sent
 // once, as the front door sends it: see Owner.)
-func TestAdv6ASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
+func TestASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 	s := testSettings()
 	s.linger = 0
 	d := handoffDispatch(s)
-	b := adv6Batcher(d)
+	b := roomBatcher(d)
 	l := &events{}
-	del := adv6Deliver(l, 1, "", "")
+	del := roomDeliver(l, 1, "", "")
 	far := int64(math.MaxInt64)
-	first, second := adv6Entry(del, far), adv6Entry(del, far)
+	first, second := roomEntry(del, far), roomEntry(del, far)
 	require.NotSame(t, first, second)
 	require.True(t, d.admit(first, clock(), false).ok)
 	require.True(t, d.admit(second, clock(), false).ok)
@@ -77,7 +77,7 @@ func TestAdv6ASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 	require.NotNil(t, f)
 	require.Len(t, f.entries, 2)
 	r := d.finishWith(f, clock(), outcome{})
-	adv6AnswerWon(b, f, r.won)
+	answerWon(b, f, r.won)
 	assert.Equal(t, []string{"answer 1", "release 1", "answer 1"}, l.log)
 }
 
@@ -87,18 +87,18 @@ func TestAdv6ASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 // (settle), entries whose deadline passed in the queue (answerDropped),
 // everything a restart abandons, queued, waiting or in flight, and an entry
 // that waited for room, even once it is sent and answered.
-func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
+func TestOnlyARequestsOwnResultsReleaseARoom(t *testing.T) {
 	s := strictSettings() // 1 entry a batch, no linger
 	s.block, s.queueMax = true, 3
 	d := handoffDispatch(s)
-	b := adv6Batcher(d)
+	b := roomBatcher(d)
 	l := &events{}
 	now := clock()
 	far := int64(math.MaxInt64)
 	soon := now + int64(time.Millisecond)
 	admit := func(n uint32, group, key string, deadline int64) admission {
 		t.Helper()
-		a := d.admit(adv6Entry(adv6Deliver(l, n, group, key), deadline), now, false)
+		a := d.admit(roomEntry(roomDeliver(l, n, group, key), deadline), now, false)
 		require.False(t, a.down)
 		return a
 	}
@@ -112,12 +112,12 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 	// Call 1 failed retryably: g pauses, call 2 is taken out and answered
 	// by the request goroutine, which also answers call 1 from the result.
 	r := d.finishWith(f1, now, failing(f1, "k1"))
-	adv6AnswerWon(b, f1, r.won)
+	answerWon(b, f1, r.won)
 	b.settle(r, now)
 	require.Len(t, r.held, 1)
 	f2 := r.next
 	require.NotNil(t, f2, "call 3 is due")
-	adv6Answer(b, f2)
+	answerUnclaimed(b, f2)
 	assert.Nil(t, finishNow(d, f2))
 	assert.Equal(t, []string{"answer 1", "release 1", "answer 2", "answer 3", "release 3"}, l.log)
 
@@ -140,7 +140,7 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 	require.NotNil(t, f3)
 	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
 	r = d.finishWith(f3, now, outcome{})
-	adv6AnswerWon(b, f3, r.won)
+	answerWon(b, f3, r.won)
 	assert.ElementsMatch(t, []string{"answer 5", "answer 6", "answer 7", "answer 8"}, l.log)
 
 	// Calls 9..11 fill the queue and call 12 waits, then is promoted as
@@ -154,7 +154,7 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 	require.True(t, admit(12, "", "", far).waiting)
 	for f := take(d); f != nil; {
 		r := d.finishWith(f, now, outcome{})
-		adv6AnswerWon(b, f, r.won)
+		answerWon(b, f, r.won)
 		f = r.next
 	}
 	assert.Equal(t, []string{"answer 9", "release 9", "answer 10", "release 10", "answer 11", "release 11", "answer 12"}, l.log)
