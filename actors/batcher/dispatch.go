@@ -241,13 +241,6 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 	return launched, dropped, d.statusLocked(now)
 }
 
-// finish ends f's request, whose entries all succeeded, and hands its
-// slot on: see finishWith.
-func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*entry, panicked any) {
-	r := d.finishWith(f, now, outcome{})
-	return r.next, r.dropped, r.panicked
-}
-
 // outcome is what a request goroutine learned from its request, for the
 // rules: its time and whether it met back pressure (Adaptive), and each
 // entry's result (StrictGroups).
