@@ -36,7 +36,9 @@ func TestARelaySendsEveryRowInGroupOrderAndDeletesIt(t *testing.T) {
 	t.Logf("stats: %+v", st)
 	assert.Zero(t, st.Inflight)
 	t.Logf("statements per row: %.4f (%d statements, %d rows)", float64(st.Statements)/n, st.Statements, n)
-	assert.LessOrEqual(t, float64(st.Statements)/n, 0.02)
+	if !raceEnabled { // the race detector slows the relay, and a slow relay writes smaller batches
+		assert.LessOrEqual(t, float64(st.Statements)/n, 0.02)
+	}
 }
 
 func TestEnqueueAddsRowsWithTheTransactionOnly(t *testing.T) {
