@@ -287,6 +287,7 @@ type loop struct {
 	nextClaim  time.Time // no claim before this (the last found too little, or failed)
 	nextSweep  time.Time // KeepSent clean-up
 	flushFails int
+	flushAt    time.Time // after a failed write: no write before this
 }
 
 // Run claims and delivers rows until ctx ends, then stops claiming, waits for what it holds (bounded by
@@ -317,7 +318,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.finish(ctx, l)
 			return nil
 		}
-		if l.marks.len() > 0 && (stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval) {
+		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
+		if l.marks.len() > 0 && due && !now.Before(l.flushAt) {
 			r.flush(ctx, l)
 		}
 		if !stopping && r.cfg.KeepSent > 0 && !now.Before(l.nextSweep) {
@@ -335,7 +337,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// Wait for an answer, a timer, or the end.
 		next := now.Add(time.Hour)
 		if l.marks.len() > 0 {
-			next = l.marks.since.Add(r.cfg.FlushInterval)
+			next = maxTime(l.marks.since.Add(r.cfg.FlushInterval), l.flushAt)
 		}
 		if !stopping {
 			if l.nextClaim.After(now) {
@@ -376,6 +378,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -734,7 +743,7 @@ WHERE o.id = m.id AND o.claim = m.claim AND o.state = 0`, r.table), m.ids, m.cla
 		l.flushFails++
 		r.log.Error("outbox: writing results failed; trying again", "err", err, "rows", m.len())
 		// Try again after a pause that grows; the rows stay claimed meanwhile.
-		m.since = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval*10, r.cfg.Lease/4))
+		l.flushAt = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval, r.cfg.Lease/4))
 		return
 	}
 	l.flushFails = 0
