@@ -77,7 +77,9 @@
 // The database sees one claim per Config.ClaimBatch rows and one or two
 // result writes per flush, each one round trip, whatever the row count;
 // the claim walks a partial index of the unsent rows (state = 0), so its
-// cost follows what is unsent, not the table's size.
+// cost follows what is unsent, not the table's size. Relay.ExplainClaim
+// shows the claim's plan on a given table; Relay.Stats counts the
+// statements.
 //
 // # Shutdown
 //
@@ -96,6 +98,8 @@
 //	ankusa.sink_batch.outbox.dead               int64 counter  {row}  rows dead
 //	ankusa.sink_batch.outbox.inflight           int64 gauge    {row}  rows being delivered
 //	ankusa.sink_batch.outbox.oldest_unsent.age  float64 gauge  s      age of the oldest unsent row (read at collection)
+//
+// Relay.OldestUnsent reads the same age on demand.
 //
 // Package pgtest starts a throwaway PostgreSQL server for tests and demos.
 package outbox

@@ -81,3 +81,46 @@ func TestEnqueueAddsRowsWithTheTransactionOnly(t *testing.T) {
 	assert.ErrorContains(t, err, "row 0 has no Destination")
 	assert.ErrorContains(t, outbox.Enqueue(ctx, tx, "bad name;", outbox.Row{Destination: "d"}), "table name")
 }
+
+func TestEnqueueToOneGroupWaitsForTheTransactionBefore(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	ctx := context.Background()
+	first, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer first.Rollback(ctx)
+	require.NoError(t, outbox.Enqueue(ctx, first, table, outbox.Row{Destination: "d", Group: "g", Body: []byte("first")}))
+
+	done := make(chan error, 1)
+	go func() {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer tx.Rollback(ctx)
+		if err := outbox.Enqueue(ctx, tx, table, outbox.Row{Destination: "d", Group: "g", Body: []byte("second")}); err != nil {
+			done <- err
+			return
+		}
+		done <- tx.Commit(ctx)
+	}()
+	// The second transaction waits on the group's advisory lock.
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting))
+		return waiting == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, first.Commit(ctx))
+	require.NoError(t, <-done)
+	var order []string
+	rows, err := db.Query(ctx, fmt.Sprintf(`SELECT convert_from(body, 'UTF8') FROM %s ORDER BY id`, table))
+	require.NoError(t, err)
+	for rows.Next() {
+		var b string
+		require.NoError(t, rows.Scan(&b))
+		order = append(order, b)
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"first", "second"}, order, "ids follow the group's commit order")
+}

@@ -53,8 +53,9 @@ func ident(table string) (quoted, name string) {
 
 // CreateTable creates the outbox table (and its indexes) if it does not exist.
 //
-// Columns: id (the row order), destination, tenant, grp, idempotency_key,
-// body, attributes, state (0 unsent, 1 sent, 2 dead), attempts,
+// Columns: id (the row order), destination, tenant, grp, idempotency_key
+// ("" means the row's id), body, attributes (a JSON object of strings),
+// state (0 unsent, 1 sent, 2 dead), attempts,
 // available_at (when an unsent row may be claimed: its lease's or its
 // backoff's end), owner and claim (the relay and the claim holding it),
 // created_at, sent_at, message_id, last_error. Two partial indexes cover the
