@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/codec/pubsub"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/outbox"
 )
@@ -231,4 +232,39 @@ func TestTheMetricsCountRowsAndTheOldestUnsentRowsAge(t *testing.T) {
 	assert.Equal(t, 2.0, after["ankusa.sink_batch.outbox.sent"])
 	assert.Equal(t, 0.0, after["ankusa.sink_batch.outbox.oldest_unsent.age"])
 	assert.Equal(t, 0.0, after["ankusa.sink_batch.outbox.inflight"])
+}
+
+// slow makes every Publish take a while, as a loaded server does.
+type slow struct{ d time.Duration }
+
+func (s slow) React(any) (bool, any, error) {
+	<-time.After(s.d) // the server's own slowness, not a wait for an outcome
+	return false, nil, nil
+}
+
+func TestRowsDroppedAtTheirDeadlineLetNoLaterRowOvertake(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	s := startServers(t, false, pstest.ServerReactorOption{FuncName: "Publish", Reactor: slow{10 * time.Millisecond}})
+	const n = 2000
+	copyRows(t, db, table, n, 4, 2, 4)
+	// Ten messages a request, one request of a group at a time: a group's
+	// rows wait in the queue longer than the short lease allows.
+	ps, err := pubsub.New(context.Background(), pubsub.Config{Topic: topicName, Endpoint: s.ps.Addr, Insecure: true,
+		Tuning: codec.Tuning{StrictGroups: true, MaxEntries: 10}})
+	require.NoError(t, err)
+	inst := instance(t)
+	t.Cleanup(func() { _ = ps.Close() })
+	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: outbox.Local(inst, map[string]codec.Codec{destPubSub: ps}),
+		Lease: 300 * time.Millisecond, KeepSent: time.Hour, Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	require.NoError(t, err)
+	stop := run(t, r)
+	waitDrained(t, db, table, 2*time.Minute)
+	require.NoError(t, stop())
+	v := check(t, published(s.ps))
+	st := r.Stats()
+	t.Logf("stats: %+v; duplicates %d", st, v.duplicates)
+	assert.Len(t, v.distinct, n)
+	assert.Zero(t, v.violations, "%v", v.examples)
+	assert.Positive(t, st.Retried, "rows were dropped at their deadline and put back")
 }
