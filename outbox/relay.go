@@ -326,7 +326,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.sweepSent(ctx)
 			l.nextSweep = now.Add(min(max(r.cfg.KeepSent/4, time.Second), time.Minute))
 		}
-		r.expire(l, now)
+		overdue := r.expire(l, now)
 		if !stopping && !now.Before(l.nextClaim) {
 			room := r.cfg.Inflight - int(r.inflight.Load())
 			if room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0) {
@@ -349,9 +349,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		} else {
 			next = minTime(next, stopAt)
 		}
-		if len(l.pending) > 0 {
-			next = minTime(next, l.pending[0].deadline.Add(r.cfg.Lease))
-		}
+		next = minTime(next, overdue)
 		timer.Reset(max(next.Sub(now), time.Millisecond))
 		done := ctx.Done()
 		if stopping {
@@ -507,11 +505,18 @@ func (r *Relay) begin(l *loop, p *pendingRow, w *window) {
 
 // expire gives up on begun rows whose answer is a Lease overdue (a
 // Sender that lost it): their leases, long over, let any relay claim them
-// again, and they are put back as failed.
-func (r *Relay) expire(l *loop, now time.Time) {
+// again, and they are put back as failed. It returns when the next begun
+// row will be overdue.
+func (r *Relay) expire(l *loop, now time.Time) (next time.Time) {
+	next = now.Add(time.Hour)
 	var lost []*pendingRow
 	for _, p := range l.pending {
-		if !p.answered && p.begun && !now.Before(p.deadline.Add(r.cfg.Lease)) {
+		if p.answered || !p.begun {
+			continue
+		}
+		if at := p.deadline.Add(r.cfg.Lease); now.Before(at) {
+			next = minTime(next, at)
+		} else {
 			lost = append(lost, p)
 		}
 	}
@@ -522,6 +527,7 @@ func (r *Relay) expire(l *loop, now time.Time) {
 		r.log.Warn("outbox: no answer for rows long past their deadline; putting them back", "rows", len(lost))
 		l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
 	}
+	return next
 }
 
 // errNoAnswer is recorded for a row whose answer never came.

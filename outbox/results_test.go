@@ -268,3 +268,20 @@ func TestRowsDroppedAtTheirDeadlineLetNoLaterRowOvertake(t *testing.T) {
 	assert.Zero(t, v.violations, "%v", v.examples)
 	assert.Positive(t, st.Retried, "rows were dropped at their deadline and put back")
 }
+
+func TestARowForAnUnknownDestinationIsDead(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	s := startServers(t, false)
+	insert(t, db, table, outbox.Row{Destination: "nowhere", Group: "g", Body: []byte("x")},
+		outbox.Row{Destination: destPubSub, Group: "g", Body: []byte("y")})
+	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: localSender(t, s)})
+	require.NoError(t, err)
+	stop := run(t, r)
+	waitDrained(t, db, table, 30*time.Second)
+	require.NoError(t, stop())
+	var lastErr string
+	require.NoError(t, db.QueryRow(context.Background(), fmt.Sprintf(`SELECT last_error FROM %s WHERE state = 2`, table)).Scan(&lastErr))
+	assert.Equal(t, `sinkbatch/outbox: unknown destination "nowhere"`, lastErr)
+	assert.Len(t, published(s.ps), 1)
+}
