@@ -12,12 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// crashRows is the size of the kill -9 proof: 100,000 rows, or 20,000
+// crashRows is the size of the kill -9 proof: 100,000 rows, or 10,000
 // under the race detector, which slows the relay several times over
 // (.ci/run runs the full size without it).
 func crashRows() int {
 	if raceEnabled || testing.Short() {
-		return 20_000
+		return 10_000
 	}
 	return 100_000
 }
