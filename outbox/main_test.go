@@ -24,9 +24,14 @@ func TestMain(m *testing.M) {
 	}()
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent(),
-			// pgxpool's health check and protoactor's and gRPC's background
-			// goroutines of systems already shut down end on their own.
+			// pgxpool's health check ends on its own after Close.
 			goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+			// protoactor's cluster starts these and never stops them (see
+			// package clustered's tests).
+			goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/cluster/clusterproviders/test.(*Provider).startTtlReport.func1"),
+			goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/cluster.(*Gossiper).StartGossiping.NewThrottle.func3.1"),
+			goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/cluster.NewGossipActor.NewThrottleWithLogger.func2.1"),
+			goleak.IgnoreTopFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"),
 		); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
