@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/outbox"
@@ -28,12 +29,14 @@ FROM generate_series(1, $1::bigint) AS i`, table), n)
 	require.NoError(t, err)
 }
 
-// requireIndexScan fails unless plan reads table through its partial index
-// of unsent rows, never by a sequential scan.
+// requireIndexScan fails unless the claim walks table's partial index of
+// unsent rows in id order (the scan aliased o_1 in the plan), and nothing
+// reads table by a sequential or bitmap scan.
 func requireIndexScan(t testing.TB, plan, table string) {
 	t.Helper()
-	require.Regexp(t, regexp.MustCompile(`Index Scan using `+table+`_unsent(_available)? on `+table), plan)
+	require.Regexp(t, regexp.MustCompile(`Index Scan using `+table+`_unsent on `+table+` o_1 `), plan)
 	require.NotContains(t, plan, "Seq Scan on "+table)
+	require.NotContains(t, plan, "Bitmap Heap Scan on "+table)
 }
 
 func TestTheClaimIsAnIndexScan(t *testing.T) {
@@ -46,6 +49,13 @@ func TestTheClaimIsAnIndexScan(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("claim at 200,000 rows, 1%% unsent:\n%s", plan)
 	requireIndexScan(t, plan, table)
+
+	// Without the index the check fails.
+	_, err = db.Exec(context.Background(), "DROP INDEX "+table+"_unsent")
+	require.NoError(t, err)
+	plan, err = r.ExplainClaim(context.Background(), false)
+	require.NoError(t, err)
+	assert.NotRegexp(t, regexp.MustCompile(`Index Scan using `+table+`_unsent on `+table+` o_1 `), plan)
 }
 
 // BenchmarkClaimAtTenMillionRows claims ClaimBatch rows of a table of 10

@@ -115,7 +115,10 @@ CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (sent_at) WHERE state = 1;`,
 // a transaction that enqueues to a group waits for one that enqueued to it
 // earlier to end. Rows without a Group take no lock. A transaction that
 // calls Enqueue more than once may deadlock with another (PostgreSQL then
-// aborts one of them): enqueue a transaction's rows in one call.
+// aborts one of them): enqueue a transaction's rows in one call. Each
+// distinct group holds one lock until the transaction ends, and
+// PostgreSQL's lock table (max_locks_per_transaction) bounds how many
+// groups one transaction can enqueue to.
 //
 // A row needs a Destination and a Body; a bad row fails the call and adds
 // nothing (the transaction stays usable).
