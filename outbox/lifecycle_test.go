@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,4 +95,47 @@ func TestNewRefusesABadConfig(t *testing.T) {
 	err = r.Run(context.Background())
 	assert.ErrorContains(t, err, "no_such_table")
 	assert.False(t, errors.Is(err, context.Canceled))
+}
+
+// switched is an OrderedSender that never answers until on, then accepts
+// at once; it records the keys it is handed.
+type switched struct {
+	on   atomic.Bool
+	mu   sync.Mutex
+	keys []string
+}
+
+func (s *switched) Send(ctx context.Context, _ string, _ codec.Message) (codec.Result, error) {
+	return codec.Result{}, errors.New("unused")
+}
+
+func (s *switched) Begin(_ string, m codec.Message, _ time.Time, done func(codec.Result, error)) {
+	if !s.on.Load() {
+		return
+	}
+	s.mu.Lock()
+	s.keys = append(s.keys, m.IdempotencyKey)
+	s.mu.Unlock()
+	done(codec.Result{ID: "m"}, nil)
+}
+
+func TestANewRunRelaysTheRowsAnEarlierRunLeftUnanswered(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	insert(t, db, table, outbox.Row{Destination: "d", Group: "g", Body: []byte("1")}, outbox.Row{Destination: "d", Group: "g", Body: []byte("2")})
+	s := &switched{}
+	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: s, Inflight: 1, Lease: 300 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	stop := run(t, r)
+	require.Eventually(t, func() bool { return r.Stats().Claimed == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, stop()) // row 1 stays claimed, its answer unknown
+
+	s.on.Store(true)
+	stop = run(t, r)
+	waitDrained(t, db, table, 30*time.Second)
+	require.NoError(t, stop())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	assert.Equal(t, []string{"1", "2"}, s.keys, "row 1 again, first")
 }

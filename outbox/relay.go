@@ -37,7 +37,9 @@ const (
 	DefaultPausedDelay   = 100 * time.Millisecond
 )
 
-// Config configures a Relay. Zero fields take the defaults above.
+// Config configures a Relay. Zero fields take the defaults above. Keep
+// Inflight within what the destinations queue (Tuning.QueueMax, and
+// TenantMax per tenant): a refusal for fullness puts rows back.
 type Config struct {
 	DB       *pgxpool.Pool
 	Table    string // default "sinkbatch_outbox"
@@ -93,12 +95,16 @@ type Relay struct {
 	cfg     Config
 	table   string // quoted
 	lockKey int64
-	owner   int64 // this relay's id in the owner column
+	// owner is this Run's id in the owner column: new for each Run, so
+	// that rows a previous Run left claimed block their groups like any
+	// other relay's.
+	owner   atomic.Int64
 	log     *slog.Logger
 	sender  OrderedSender
 	metrics *metrics
 
 	running atomic.Bool
+	runs    uint64 // Runs started; touched only by Run, which runs once at a time
 
 	claimed, sent, retried, dead, inflight, statements atomic.Int64
 
@@ -172,7 +178,6 @@ func New(cfg Config) (*Relay, error) {
 	r := &Relay{
 		cfg:     cfg,
 		lockKey: claimLock(cfg.Table),
-		owner:   randomID(),
 		log:     cfg.Logger.With("outbox", cfg.Table),
 		wake:    make(chan struct{}, 1),
 	}
@@ -228,6 +233,7 @@ func (r *Relay) OldestUnsent(ctx context.Context) (time.Duration, error) {
 
 // pendingRow is a claimed row this relay is delivering.
 type pendingRow struct {
+	run      uint64 // the Run that claimed it
 	id       int64
 	claim    int64
 	attempts int
@@ -280,6 +286,7 @@ func (m *marks) reset() {
 
 // loop is Run's state, touched only by Run's goroutine.
 type loop struct {
+	run        uint64               // which Run this is (Relay.runs)
 	groups     map[groupKey]*window // deleted when empty
 	failed     []groupKey           // windows whose failed is set
 	pending    []*pendingRow        // rows not answered yet, in claim order; compacted as they are answered
@@ -303,10 +310,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("sinkbatch/outbox: Run is already running")
 	}
 	defer r.running.Store(false)
+	r.owner.Store(randomID())
+	// Rows an earlier Run left without an answer are not this Run's: their
+	// leases will end, and a late answer is ignored (an acceptance still
+	// written).
+	r.inflight.Store(0)
+	r.runs++
 	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.table)); err != nil {
 		return fmt.Errorf("sinkbatch/outbox: table %s: %w", r.cfg.Table, err)
 	}
-	l := &loop{groups: map[groupKey]*window{}}
+	l := &loop{groups: map[groupKey]*window{}, run: r.runs}
 	var stopAt time.Time // set when ctx ends
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -434,7 +447,7 @@ func (r *Relay) take(l *loop, now time.Time) {
 // answered records one answer and moves its group's window on.
 func (r *Relay) answered(l *loop, a answer, now time.Time) {
 	p := a.p
-	if p.answered { // expire gave up on it: its lease is long over
+	if p.run != l.run || p.answered { // an earlier Run's, or expire gave up on it: its lease is long over
 		if a.err == nil {
 			r.record(l, a, now) // the message is there all the same
 		}
@@ -606,7 +619,7 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock($1)`, r.lockKey)
-	b.Queue(claimSQL(r.table), r.owner, n, token, r.cfg.Lease.Microseconds())
+	b.Queue(claimSQL(r.table), r.owner.Load(), n, token, r.cfg.Lease.Microseconds())
 	res := r.cfg.DB.SendBatch(qctx, b)
 	var rows []claimedRow
 	_, err := res.Exec()
@@ -656,7 +669,7 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	now := time.Now()
 	r.take(l, now)
 	for _, c := range rows {
-		p := &pendingRow{id: c.id, claim: token, attempts: c.attempts, group: groupKey{c.destination, c.group},
+		p := &pendingRow{run: l.run, id: c.id, claim: token, attempts: c.attempts, group: groupKey{c.destination, c.group},
 			deadline: deadline, destination: c.destination}
 		p.message = codec.Message{Tenant: c.tenant, Group: c.group, IdempotencyKey: c.key, Body: c.body}
 		if p.message.IdempotencyKey == "" {
@@ -807,7 +820,7 @@ func (r *Relay) ExplainClaim(ctx context.Context, analyze bool) (string, error) 
 	if analyze {
 		verb = "EXPLAIN (ANALYZE, BUFFERS)"
 	}
-	rows, err := tx.Query(ctx, verb+claimSQL(r.table), r.owner, r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
+	rows, err := tx.Query(ctx, verb+claimSQL(r.table), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
 	if err != nil {
 		return "", err
 	}
