@@ -16,8 +16,8 @@ func TestARelaySendsEveryRowInGroupOrderAndDeletesIt(t *testing.T) {
 	db := pool(t)
 	table := newTable(t, db)
 	s := startServers(t, true)
-	const n = 3000
-	copyRows(t, db, table, n, 16, 4, 8)
+	const n = 20000
+	copyRows(t, db, table, n, 16, 4, 12)
 	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: localSender(t, s)})
 	require.NoError(t, err)
 	stop := run(t, r)
