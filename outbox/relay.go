@@ -793,16 +793,27 @@ WHERE o.id = m.id AND o.claim = m.claim AND o.state = 0`, r.table), m.ids, m.cla
 	m.reset()
 }
 
-// sweepSent deletes sent rows older than KeepSent, a bounded number per
-// statement.
+// sweepSent deletes sent rows older than KeepSent, sweepChunk rows per
+// statement, until fewer than that are left or a second has passed (the
+// next sweep goes on).
 func (r *Relay) sweepSent(ctx context.Context) {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := r.cfg.DB.Exec(qctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (
-	SELECT id FROM %[1]s WHERE state = 1 AND sent_at < now() - $1 * interval '1 microsecond' LIMIT 10000)`, r.table),
-		r.cfg.KeepSent.Microseconds())
-	if err != nil && ctx.Err() == nil {
-		r.log.Error("outbox: deleting old sent rows failed", "err", err)
+	const sweepChunk = 10_000
+	start := time.Now()
+	for time.Since(start) < time.Second {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		tag, err := r.cfg.DB.Exec(qctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (
+	SELECT id FROM %[1]s WHERE state = 1 AND sent_at < now() - $1 * interval '1 microsecond' LIMIT %[2]d)`, r.table, sweepChunk),
+			r.cfg.KeepSent.Microseconds())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Error("outbox: deleting old sent rows failed", "err", err)
+			}
+			return
+		}
+		if tag.RowsAffected() < sweepChunk {
+			return
+		}
 	}
 }
 
