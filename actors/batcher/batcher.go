@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
 	"math"
 	"runtime/debug"
@@ -144,7 +145,7 @@ type Batcher struct {
 	tracing    *tracing // nil: the instance does not trace
 
 	// Touched by the actor alone.
-	now            int64 // when the message being handled arrived (clock.go)
+	now            int64 // when the message being handled arrived (internal/mono)
 	timer          *time.Timer
 	armed          int64
 	idleSince      int64
@@ -182,7 +183,7 @@ func (b *Batcher) Receive(ctx actor.Context) {
 }
 
 func (b *Batcher) receive(ctx actor.Context) {
-	b.now = clock()
+	b.now = mono.Now()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
 		quiet := b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
@@ -323,9 +324,9 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 			}
 		}
 	}
-	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
+	deadline := mono.AddSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
-		deadline = instant(d.Deadline)
+		deadline = mono.Instant(d.Deadline)
 	}
 	var err error
 	if deadline <= b.now {
@@ -509,7 +510,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		// Deliveries answered without being queued (too large, invalid,
 		// expired) raced the report, so the supervisor kept the batcher:
 		// report again, at most once per IdleTimeout.
-		if again := addSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
+		if again := mono.AddSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
 			b.reportIdle(ctx)
 		} else {
 			wake = minWake(wake, again)
@@ -521,7 +522,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
 			b.reportIdle(ctx)
 		} else {
-			wake = minWake(wake, addSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
+			wake = minWake(wake, mono.AddSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
 		}
 	}
 	b.arm(wake)

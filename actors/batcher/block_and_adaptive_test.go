@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -231,9 +232,9 @@ func TestAdaptiveLimitBoundsTheQueue(t *testing.T) {
 	f := take(d)
 	require.NotNil(t, f)
 	assert.Nil(t, take(d), "limit 1")
-	r := d.finishWith(f, clock(), outcome{rtt: int64(time.Millisecond), ok: true})
+	r := d.finishWith(f, mono.Now(), outcome{rtt: int64(time.Millisecond), ok: true})
 	require.NotNil(t, r.next)
-	r = d.finishWith(r.next, clock()+int64(time.Second), outcome{rtt: int64(time.Millisecond), ok: true})
+	r = d.finishWith(r.next, mono.Now()+int64(time.Second), outcome{rtt: int64(time.Millisecond), ok: true})
 	assert.Equal(t, 2, d.q.s.maxInflight, "a window later with the limit reached: 2")
 	assert.Equal(t, 2, r.limit)
 }

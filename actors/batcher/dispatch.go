@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"context"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"math"
 	"slices"
 	"sync"
@@ -353,7 +354,7 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 		d.inflightDeadline = min(d.inflightDeadline, e.deadline)
 	}
 	// No caller waits past the latest deadline, so neither does the request.
-	ctx, cancel := context.WithDeadline(context.Background(), timeAt(deadline))
+	ctx, cancel := context.WithDeadline(context.Background(), mono.Time(deadline))
 	f := &inflight{entries: batch, claims: make([]atomic.Bool, len(batch)), groups: groups, ctx: ctx, cancel: cancel, trigger: trigger}
 	// Registered before promote asks the waiters' callers (their code may
 	// panic): the restart finds the batch among the running ones.

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -200,7 +201,7 @@ func (q *queue) setPause(g string, keys []waitKey, now, d int64) {
 	if q.paused.m == nil {
 		q.paused.m = make(map[string]pause)
 	}
-	until := addSat(now, d)
+	until := mono.AddSat(now, d)
 	q.paused.m[g] = pause{keys: keys, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
 }

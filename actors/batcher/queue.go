@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -11,7 +12,7 @@ import (
 // This file holds the batching rules: admission bounds, tenant round-robin,
 // group gating, the flush decision and the sweep of abandoned entries. The
 // queue reads no clock, starts no goroutine, sends no message and takes no
-// lock: time comes in as an argument (nanoseconds on the batcher's clock, clock.go) and liveness as a
+// lock: time comes in as an argument (an internal/mono instant) and liveness as a
 // callback, so table tests drive it step by step. Its one driver is
 // dispatch, which holds the lock around every call.
 
@@ -218,7 +219,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = addSat(q.lingerFrom, q.s.linger)
+		w = mono.AddSat(q.lingerFrom, q.s.linger)
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)

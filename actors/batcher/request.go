@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
 	"reflect"
 	"runtime/debug"
@@ -34,7 +35,7 @@ func (b *Batcher) run(f *inflight) {
 		// (finishWith), then the callers are answered, so that a caller
 		// told of a retryable failure finds its group paused (a
 		// ResumeGroup it makes then resumes it), then the actor is told.
-		now := clock()
+		now := mono.Now()
 		o.won = buf.won
 		r := b.d.finishWith(f, now, o)
 		buf.won = r.won
@@ -101,7 +102,7 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	}
 	start := time.Now()
 	if b.deliveries != nil {
-		b.waited(f, instant(start))
+		b.waited(f, mono.Instant(start))
 	}
 	var failed error
 	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -71,12 +72,12 @@ func TestASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 	far := int64(math.MaxInt64)
 	first, second := roomEntry(del, far), roomEntry(del, far)
 	require.NotSame(t, first, second)
-	require.True(t, d.admit(first, clock(), false).ok)
-	require.True(t, d.admit(second, clock(), false).ok)
+	require.True(t, d.admit(first, mono.Now(), false).ok)
+	require.True(t, d.admit(second, mono.Now(), false).ok)
 	f := take(d)
 	require.NotNil(t, f)
 	require.Len(t, f.entries, 2)
-	r := d.finishWith(f, clock(), outcome{})
+	r := d.finishWith(f, mono.Now(), outcome{})
 	answerWon(b, f, r.won)
 	assert.Equal(t, []string{"answer 1", "release 1", "answer 1"}, l.log)
 }
@@ -93,7 +94,7 @@ func TestOnlyARequestsOwnResultsReleaseARoom(t *testing.T) {
 	d := handoffDispatch(s)
 	b := roomBatcher(d)
 	l := &events{}
-	now := clock()
+	now := mono.Now()
 	far := int64(math.MaxInt64)
 	soon := now + int64(time.Millisecond)
 	admit := func(n uint32, group, key string, deadline int64) admission {

@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"math"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	d := handoffDispatch(s)
 	l := &events{}
 	b := &Batcher{p: &Params{}, d: d}
-	now := clock()
+	now := mono.Now()
 	soon := now + int64(time.Millisecond)
 	far := int64(math.MaxInt64)
 	admit := func(e *entry) admission {
@@ -106,7 +107,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	f3 := take(d)
 	require.NotNil(t, f3)
 	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
-	r = d.finishWith(f3, clock(), outcome{})
+	r = d.finishWith(f3, mono.Now(), outcome{})
 	answerWon(b, f3, r.won)
 
 	assert.Equal(t, []string{"answer 2", "answer 1", "release 1", "answer 3", "answer 4"}, l.log)
