@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
-	"reflect"
 	"runtime/debug"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/typednil"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -281,7 +281,7 @@ func unreadable(err error) (why string) {
 	if err == nil {
 		return ""
 	}
-	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && v.IsNil() {
+	if typednil.Is(err) {
 		return fmt.Sprintf("is a nil %T", err)
 	}
 	defer func() {

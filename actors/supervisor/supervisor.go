@@ -20,6 +20,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/typednil"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -390,13 +391,7 @@ func cacheable(c codec.Codec) bool {
 }
 
 // isNil reports whether c is nil or a nil pointer (a typed nil *sqs.Codec).
-func isNil(c codec.Codec) bool {
-	if c == nil {
-		return true
-	}
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
-}
+func isNil(c codec.Codec) bool { return typednil.Is(c) }
 
 // checkName accepts names that are safe in actor names and log lines.
 func checkName(what, name string) error {
