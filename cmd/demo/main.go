@@ -135,6 +135,9 @@ import (
 )
 
 func main() {
+	if cfg := os.Getenv(outboxRelayEnv); cfg != "" { // -outbox's relay process
+		os.Exit(outboxRelayChild(cfg))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -147,7 +150,9 @@ type options struct {
 	load        float64
 	metricsAddr string
 	logLevel    string
-	cluster     int // members of cluster mode (cluster.go); 0: one instance
+	cluster     int    // members of cluster mode (cluster.go); 0: one instance
+	outbox      bool   // the outbox relay instead (outbox.go)
+	outboxDSN   string // its PostgreSQL; "": a throwaway server
 
 	sqsQueueURL    string
 	sqsEndpoint    string
@@ -164,6 +169,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9464")
 	fs.StringVar(&o.logLevel, "log-level", "info", "slog level of the actor system's and sinkbatch's logs: debug, info, warn, error")
 	fs.IntVar(&o.cluster, "cluster", 0, "run N cluster members in this process instead (mutual TLS, Pub/Sub fake, one member killed halfway); see cluster.go")
+	fs.BoolVar(&o.outbox, "outbox", false, "relay an outbox table from PostgreSQL instead, killing the relay process once; see outbox.go")
+	fs.StringVar(&o.outboxDSN, "outbox-dsn", "", "with -outbox: the PostgreSQL to use, where it drops and recreates table demo_outbox (default: a throwaway server from the installed binaries)")
 	fs.StringVar(&o.sqsQueueURL, "sqs-queue-url", "", "send every SQS destination's messages to this existing queue (AWS default credentials; not read back)")
 	fs.StringVar(&o.sqsEndpoint, "sqs-endpoint", "", "SQS endpoint URL instead of the embedded server; without -sqs-queue-url the demo creates its queues there and reads them back")
 	fs.StringVar(&o.pubsubTopic, "pubsub-topic", "", "publish every Pub/Sub destination's messages to this existing topic, projects/P/topics/T (default credentials; not read back)")

@@ -36,6 +36,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if o.outbox {
+		return runOutbox(ctx, o, logger, stdout, stderr)
+	}
 	if o.cluster != 0 {
 		return runCluster(ctx, o, logger, stdout, stderr)
 	}
