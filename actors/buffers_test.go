@@ -46,10 +46,11 @@ const (
 // was in a half of a bisection that an earlier half's failure (a panic, a
 // wrong count) ended: it is never sent, and gets that failure.
 type unruly struct {
-	mu    sync.Mutex
-	last  map[string]verdict
-	seen  [vVerdicts]int
-	moved []string // a body whose batch slot changed while the codec held it
+	mu       sync.Mutex
+	last     map[string]verdict
+	accepted map[string]int // times each body was accepted
+	seen     [vVerdicts]int
+	moved    []string // a body whose batch slot changed while the codec held it
 }
 
 func (u *unruly) note(batch []codec.Message, v verdict) {
@@ -114,6 +115,7 @@ func (u *unruly) hook(ctx context.Context, batch []codec.Message) ([]codec.Resul
 		}
 		res[i].ID = "id-" + b
 		u.last[b] = vOK
+		u.accepted[b]++
 	}
 	return res, nil
 }
@@ -125,9 +127,21 @@ func (u *unruly) hook(ctx context.Context, batch []codec.Message) ([]codec.Resul
 // codec's last word on its own message (its own id, its own entry error,
 // the failure of its own request), or ErrStopped, or its deadline; never
 // another message's id or entry error, and no batch changes while the codec
-// holds it. Calls are made back to back on pooled reply processes, so an
-// answer left over from an earlier call would show as a wrong id.
-func TestPooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
+// holds it; each accepted body is accepted once, and an entry error is
+// retryable. Calls are made back to back on pooled reply processes, so an
+// answer left over from an earlier call would show as a wrong id. It runs
+// with Stop midway, and without Stop on more request slots with one
+// destination taking a message a request.
+func TestPooledBuffersCarryEachCallersOwnAnswer(t *testing.T) {
+	t.Run("stop midway", func(t *testing.T) {
+		pooledBuffers(t, 4, func(i int) int { return 2 + 4*i }, true)
+	})
+	t.Run("no stop", func(t *testing.T) {
+		pooledBuffers(t, 8, func(i int) int { return 1 + 3*i }, false)
+	})
+}
+
+func pooledBuffers(t *testing.T, sinkConcurrency int, maxEntries func(i int) int, stop bool) {
 	const (
 		dests   = 3
 		callers = 80
@@ -136,12 +150,12 @@ func TestPooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
 	)
 	system := testinst.System()
 	t.Cleanup(system.Shutdown)
-	inst, err := actors.Start(system, actors.Config{Name: "bufs", SinkConcurrency: 4})
+	inst, err := actors.Start(system, actors.Config{Name: "bufs", SinkConcurrency: sinkConcurrency})
 	require.NoError(t, err)
-	u := &unruly{last: map[string]verdict{}}
+	u := &unruly{last: map[string]verdict{}, accepted: map[string]int{}}
 	codecs := make([]*fakecodec.Codec, dests)
 	for i := range codecs {
-		c := fakecodec.New(fmt.Sprint("unruly", i), codec.Limits{MaxEntries: 2 + 4*i, MaxBytes: 1 << 20})
+		c := fakecodec.New(fmt.Sprint("unruly", i), codec.Limits{MaxEntries: maxEntries(i), MaxBytes: 1 << 20})
 		c.Tune = codec.Tuning{Linger: time.Millisecond}
 		c.Hook = u.hook
 		c.Discard = true
@@ -173,7 +187,7 @@ func TestPooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
 				id, err := inst.Deliver(ctx, codecs[rand.IntN(dests)], codec.Message{Tenant: fmt.Sprint("t", g%5), Body: []byte(body)})
 				cancel()
 				answers <- answer{body: body, id: id, err: err}
-				if finished.Add(1) == stopAt {
+				if finished.Add(1) == stopAt && stop {
 					stopOnce.Do(func() {
 						go func() {
 							// Ends while requests are in flight: they are
@@ -196,10 +210,12 @@ func TestPooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
 		require.FailNow(t, "callers hang", "%d of %d calls returned", finished.Load(), callers*each)
 	}
 	close(answers)
-	select {
-	case <-stopErr:
-	case <-time.After(slack):
-		require.FailNow(t, "Stop hangs")
+	if stop {
+		select {
+		case <-stopErr:
+		case <-time.After(slack):
+			require.FailNow(t, "Stop hangs")
+		}
 	}
 	_ = inst.Stop(context.Background())
 	assert.Equal(t, actors.Stats{}, inst.Stats())
@@ -238,8 +254,12 @@ func TestPooledBuffersUnderUnrulyCodecsAndStop(t *testing.T) {
 				kinds[vEntry]++
 				assert.Equal(t, "E-"+a.body, ee.Code, "%s got another message's entry error", a.body)
 				assert.Equal(t, vEntry, v, "%s: %v", a.body, a.err)
+				assert.False(t, codec.IsPermanent(a.err), "%s: %v", a.body, a.err)
 			}
 		}
+	}
+	for b, n := range u.accepted {
+		assert.Equal(t, 1, n, "body %s accepted %d times", b, n)
 	}
 	assert.Positive(t, kinds[vOK])
 	assert.Positive(t, kinds[vRefused], "some requests were bisected down to a bad message")
@@ -313,117 +333,4 @@ func TestACodecReusingItsResultsSliceAnswersEachCaller(t *testing.T) {
 		})
 	}
 	wg.Wait()
-}
-
-// refusing is a well-behaved codec's SendBatch (it keeps nothing after it
-// returns) that refuses a request holding a "bad" body for its content, so
-// that the batcher bisects it, and fails one "flaky" body retryably per
-// request. It checks that its batch does not change while it runs, and
-// counts the bodies it accepted.
-type refusing struct {
-	mu       sync.Mutex
-	accepted map[string]int
-	changed  []string
-}
-
-func (r *refusing) hook(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-	before := make([]string, len(batch))
-	bad := false
-	for i, m := range batch {
-		before[i] = string(m.Body)
-		bad = bad || strings.HasPrefix(before[i], "bad")
-	}
-	// A round trip, during which the destination's other requests end and
-	// start, taking buffers.
-	t := time.NewTimer(time.Duration(rand.IntN(500)) * time.Microsecond)
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i, m := range batch {
-		if string(m.Body) != before[i] {
-			r.changed = append(r.changed, before[i]+" became "+string(m.Body))
-		}
-	}
-	if bad && len(batch) > 1 {
-		return nil, fmt.Errorf("refusing: %w", codec.ErrRefused)
-	}
-	res := make([]codec.Result, len(batch))
-	for i, b := range before {
-		switch {
-		case strings.HasPrefix(b, "bad"):
-			res[i].Err = &codec.EntryError{Code: "Bad", Permanent: true}
-		case strings.HasPrefix(b, "flaky"):
-			res[i].Err = &codec.EntryError{Code: "Flaky"}
-		default:
-			res[i].ID = "id-" + b
-			r.accepted[b]++
-		}
-	}
-	return res, nil
-}
-
-// Request goroutines of one destination hand their message and result
-// buffers on (Params.bufs) while other requests of it run, bisect and
-// fail: every caller still gets its own message's answer (an id made of
-// its body, or its own entry's error), each accepted body is accepted once,
-// and no batch changes while its codec holds it.
-func TestReusedBuffersCarryEachCallersOwnResult(t *testing.T) {
-	const (
-		dests   = 3
-		callers = 60
-		each    = 15
-	)
-	_, inst := start(t, actors.Config{Name: "bufs", SinkConcurrency: 8})
-	r := &refusing{accepted: map[string]int{}}
-	codecs := make([]*fakecodec.Codec, dests)
-	for i := range codecs {
-		c := fakecodec.New(fmt.Sprint("bufs", i), codec.Limits{MaxEntries: 1 + 3*i, MaxBytes: 1 << 20})
-		c.Tune = codec.Tuning{Linger: time.Millisecond}
-		c.Hook = r.hook
-		c.Discard = true
-		codecs[i] = c
-	}
-	var wg sync.WaitGroup
-	for g := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				body := fmt.Sprintf("g%d-%d", g, i)
-				switch rand.IntN(6) {
-				case 0:
-					body = "bad" + body
-				case 1:
-					body = "flaky" + body
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				id, err := inst.Deliver(ctx, codecs[rand.IntN(dests)], codec.Message{Tenant: fmt.Sprint("t", g%4), Body: []byte(body)})
-				cancel()
-				switch {
-				case strings.HasPrefix(body, "bad"):
-					assert.True(t, codec.IsPermanent(err), "%s: %v", body, err)
-					assert.ErrorContains(t, err, "Bad")
-				case strings.HasPrefix(body, "flaky"):
-					if assert.Error(t, err, body) {
-						assert.False(t, codec.IsPermanent(err), "%s: %v", body, err)
-					}
-				default:
-					if assert.NoError(t, err, body) {
-						assert.Equal(t, "id-"+body, id, "an answer carries its own message's result")
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	assert.Empty(t, r.changed, "a batch changed while its request ran")
-	for b, n := range r.accepted {
-		assert.Equal(t, 1, n, "body %s accepted %d times", b, n)
-	}
 }

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
-	"github.com/ankusa/sinkbatch/internal/typednil"
+	"github.com/ankusa/sinkbatch/internal/nilptr"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -281,7 +281,7 @@ func unreadable(err error) (why string) {
 	if err == nil {
 		return ""
 	}
-	if typednil.Is(err) {
+	if nilptr.Is(err) {
 		return fmt.Sprintf("is a nil %T", err)
 	}
 	defer func() {

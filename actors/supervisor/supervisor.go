@@ -20,7 +20,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
-	"github.com/ankusa/sinkbatch/internal/typednil"
+	"github.com/ankusa/sinkbatch/internal/nilptr"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -357,7 +357,7 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 			rt, err = nil, fmt.Errorf("sinkbatch: codec %T: %w", c, batcher.CodecPanic("Name, Identity, Limits or Tuning", r))
 		}
 	}()
-	if isNil(c) {
+	if nilptr.Is(c) {
 		return nil, messages.ErrNilCodec
 	}
 	kind := c.Name()
@@ -389,9 +389,6 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 func cacheable(c codec.Codec) bool {
 	return c != nil && reflect.TypeOf(c).Kind() == reflect.Pointer
 }
-
-// isNil reports whether c is nil or a nil pointer (a typed nil *sqs.Codec).
-func isNil(c codec.Codec) bool { return typednil.Is(c) }
 
 // checkName accepts names that are safe in actor names and log lines.
 func checkName(what, name string) error {

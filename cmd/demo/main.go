@@ -121,7 +121,11 @@
 // poison, which needs the embedded server, is then not sent. -cluster N runs
 // N cluster members in this process instead (mutual TLS, the Pub/Sub fake,
 // one member killed halfway) and prints lost and order violations read back
-// from the fake (see cluster.go).
+// from the fake (see cluster.go). -outbox relays an outbox table from PostgreSQL
+// instead (a throwaway server from the installed binaries, or -outbox-dsn),
+// with the relay in a child process killed once with SIGKILL, and prints
+// lost, order violations and duplicates read back from both destinations
+// (see outbox.go).
 package main
 
 import (
