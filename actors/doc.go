@@ -44,49 +44,31 @@
 //
 // # Flow (opt-in per destination, in codec.Tuning)
 //
-// StrictGroups: a retryable failure of a message of group G (its request
-// failed, or its entry did; not a permanent failure, which will never come
-// back) pauses G before G's next request can leave. G's queued and waiting
-// messages, and every new delivery to G, are answered
-// *messages.GroupPausedError at once and never sent. G resumes when the
-// failed message's retry arrives (a delivery with its IdempotencyKey, which
-// then goes first), on Instance.ResumeGroup, or after GroupPauseMax (30s);
-// Instance.PausedGroups lists the paused groups, and
-// Instance.TakePausedGroups and AdoptPausedGroups move them to another
-// instance that takes the destination over. A delivery of G refused
-// because the queue is full pauses G the same way for new deliveries, and
-// so does a restart for every group the crashed batcher held. So a caller
-// that retries each failed or paused message, in its own order, with the
-// same key, sees each group stored in the order it first delivered it.
-// One limit remains, and it is the destination's: in one SQS
-// SendMessageBatch holding several entries of G, SQS enqueues the entries
-// in order but answers each alone, and documents nothing about the entries
-// after a failed one. If entry i of G fails retryably and a later entry j
-// of G in the same request is stored, j is stored before i's retry: the
-// batcher cannot recall it (it answers i with the error and j with its
-// id). Everything of G that would leave after that request is held. Pub/Sub
-// has no such case: a Publish holds one ordering key and succeeds or fails
-// as a whole. Where even that case matters, set Tuning.MaxEntries to 1.
+// codec.Tuning's field docs say what StrictGroups, WhenFull Block and
+// Adaptive do; what the instance adds:
 //
-// WhenFull Block: a delivery that does not fit the queue waits for room
-// until its deadline (then it is answered with an error wrapping
-// context.DeadlineExceeded, never queued). Waiters are admitted fairly:
-// round-robin across tenants, in arrival order within a tenant, and a
-// group's waiters never overtake each other. At most QueueMax deliveries
-// wait; past that a tenant with fewer waiters takes the place of the newest
-// waiter of the tenant with the most (that waiter is refused), or the
-// delivery is refused as with Refuse. Stats.Waiting counts the waiters; a
-// waiter whose caller gave up still counts until the batcher next looks at
-// the waiting list (room frees, a full queue is swept, or the waiter's
-// deadline passes). Stop answers them messages.ErrStopped.
+// StrictGroups: a paused group's rule lives in the batcher, so it holds the
+// same for the front door's callers and actors'; the answer that paused it
+// names the key it waits for next, and GroupPausedError.After suggests a
+// wait. Instance.ResumeGroup ends a pause without the retries (the caller's
+// choice), Instance.PausedGroups lists the paused groups, and Instance.TakePausedGroups and AdoptPausedGroups move them
+// to another instance that takes the destination over. In one SQS
+// SendMessageBatch holding several entries of a group, SQS enqueues the
+// entries in order but answers each alone: if entry i fails retryably and a
+// later entry j of the group in the same request is stored, j is stored
+// before i's retry (the batcher cannot recall it). Everything of the group
+// that would leave after that request is held.
 //
-// Adaptive: the destination's in-flight limit starts at 1 and moves
-// between 1 and MaxInflight by AIMD on request time, after Vector's
-// adaptive request concurrency: +1 per window (two request times) while
-// request time stays near its no-load baseline and requests use the whole
-// limit, ×0.9 when request time reaches 1.3 × the baseline or the
-// destination throttles (codec.IsThrottled) or a request runs out of time.
-// Group gates and tenant fairness are unchanged. The gauge
+// WhenFull Block: Stats.Waiting counts the waiters. A waiter whose deadline
+// passes is answered with an error wrapping context.DeadlineExceeded and
+// never queued; a front-door caller that cancels while queued frees its room
+// at once, and the waiters that fit are admitted then; Stop answers waiters
+// messages.ErrStopped.
+//
+// Adaptive: the limit grows by one per window (two request times) while
+// requests use the whole limit, after Vector's adaptive request concurrency;
+// a request that runs out of time lowers it as throttling does. Group gates
+// and tenant fairness are unchanged. The gauge
 // ankusa.sink_batch.inflight.limit shows each adaptive destination's limit;
 // changes are logged at DEBUG.
 //
@@ -100,9 +82,18 @@
 //
 // # Telemetry and logs
 //
-// Config.MeterProvider receives the metrics listed in package telemetry.
+// Config.MeterProvider receives the metrics, and Config.TracerProvider the
+// spans, that package telemetry lists.
 // Logs go to Config.Logger (or the actor system's): batcher started, stopped
 // idle, crashed and restarted (WARN), a message the destination refused, a
 // codec panic with its stack, and Stop's outcome; each names the instance and
 // the destination (codec kind and digest, never the identity itself).
+// protoactor itself logs in colour at INFO to stderr unless the actor system
+// is given a logger (actor.WithLoggerFactory with any slog.Handler), as the
+// package's examples do.
+//
+// # Cluster mode
+//
+// Package actors/clustered puts one batcher per destination in a whole
+// protoactor-go cluster; its doc is the reference.
 package actors

@@ -114,6 +114,7 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if d.q.s.strict && g != "" {
 		var rank uint64
 		if a.waitFor, a.paused, retry, rank = d.q.checkPaused(g, e.msg.IdempotencyKey, now); a.paused && !retry {
+			d.q.owe(e)
 			return a
 		}
 		a.paused = false
@@ -238,13 +239,6 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 		launched = append(launched, f)
 	}
 	return launched, dropped, d.statusLocked(now)
-}
-
-// finish ends f's request, whose entries all succeeded, and hands its
-// slot on: see finishWith.
-func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*entry, panicked any) {
-	r := d.finishWith(f, now, outcome{})
-	return r.next, r.dropped, r.panicked
 }
 
 // outcome is what a request goroutine learned from its request, for the

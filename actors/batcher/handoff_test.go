@@ -25,8 +25,7 @@ func take(d *dispatch) *inflight {
 
 // finishNow is finish at the clock's time.
 func finishNow(d *dispatch, f *inflight) *inflight {
-	next, _, _ := d.finish(f, clock())
-	return next
+	return d.finishWith(f, clock(), outcome{}).next
 }
 
 // A request goroutine whose request ends opens its batch's groups and takes
@@ -144,7 +143,8 @@ func TestNextThatPanicsLeavesItsTakeForTheRestart(t *testing.T) {
 		}
 		return true
 	}
-	next, _, panicked := b.finish(f, clock())
+	r := b.finishWith(f, clock(), outcome{})
+	next, panicked := r.next, r.panicked
 	assert.Nil(t, next)
 	assert.Equal(t, "listener bug", panicked)
 	assert.True(t, b.down)

@@ -86,6 +86,17 @@ func (q *queue) checkPaused(g, key string, now int64) (next string, paused, retr
 	return p.keys[0].key, true, false, 0
 }
 
+// owe adds e, a delivery of a paused group answered GroupPausedError, to
+// the retries the group waits for: that answer, too, leaves the message's
+// fate to its caller. A key the group waits for already keeps its place.
+// The pause's end does not move.
+func (q *queue) owe(e *entry) {
+	g := e.msg.Group
+	p := q.paused.m[g]
+	p.keys = mergeKeys(p.keys, []waitKey{{e.msg.IdempotencyKey, q.newRank()}})
+	q.paused.m[g] = p
+}
+
 // admitted notes that the retry g waited for next is queued or waiting,
 // and reports whether g has resumed (it waits for nothing more).
 func (q *queue) admitted(g string) (resumed bool) {

@@ -85,7 +85,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	require.True(t, admit(inRoom(l, 1, far)).ok)
 	require.True(t, admit(inRoom(l, 2, soon)).ok)
 	require.True(t, admit(inRoom(l, 3, far)).waiting, "the queue holds 2: call 3 waits for room")
-	answer := adv6Answer
+	answer := answerUnclaimed
 
 	f1 := take(d)
 	require.NotNil(t, f1)
@@ -95,7 +95,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	late, _ := d.expire(soon)
 	b.answerEach(late, errExpiredInFlight)
 	r := d.finishWith(f1, soon, outcome{})
-	adv6AnswerWon(b, f1, r.won)
+	answerWon(b, f1, r.won)
 	f2 := r.next
 	require.NotNil(t, f2, "call 3 is due at once (no linger)")
 	answer(b, f2)
@@ -107,7 +107,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	require.NotNil(t, f3)
 	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
 	r = d.finishWith(f3, clock(), outcome{})
-	adv6AnswerWon(b, f3, r.won)
+	answerWon(b, f3, r.won)
 
 	assert.Equal(t, []string{"answer 2", "answer 1", "release 1", "answer 3", "answer 4"}, l.log)
 }
