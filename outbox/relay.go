@@ -91,7 +91,13 @@ type Stats struct {
 
 // Relay relays one outbox table's rows through a Sender. It is safe for
 // concurrent use; Run runs once at a time.
+//
+// Goroutines: Run's loop owns the loop state (claims, windows, marks) and
+// makes every statement; the Sender's answer callbacks only append to done
+// under mu and signal wake; Stats, OldestUnsent and the metrics callback
+// read atomics and the database.
 type Relay struct {
+	// Set by New, then read only.
 	cfg     Config
 	table   string // quoted
 	lockKey int64
@@ -103,15 +109,15 @@ type Relay struct {
 	sender  OrderedSender
 	metrics *metrics
 
-	running atomic.Bool
-	runs    uint64 // Runs started; touched only by Run, which runs once at a time
+	running atomic.Bool // a Run is running
+	runs    uint64      // Runs started; touched only by Run, which runs once at a time
 
+	// Written by Run's loop, read by Stats and the metrics.
 	claimed, sent, retried, dead, inflight, statements atomic.Int64
 
-	// mu guards done and wake's use by the answer callbacks.
 	mu   sync.Mutex
-	done []answer // answers not yet taken by Run's loop
-	wake chan struct{}
+	done []answer      // answers not yet taken by Run's loop; guarded by mu
+	wake chan struct{} // capacity 1: a callback's non-blocking nudge to Run's loop
 }
 
 // answer is one delivery's result, as the Sender reported it.

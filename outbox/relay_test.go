@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -123,4 +126,35 @@ func TestEnqueueToOneGroupWaitsForTheTransactionBefore(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	assert.Equal(t, []string{"first", "second"}, order, "ids follow the group's commit order")
+}
+
+// publishes counts Publish requests and the messages in them.
+type publishes struct{ requests, messages atomic.Int64 }
+
+func (p *publishes) React(req any) (bool, any, error) {
+	if r, ok := req.(*pubsubpb.PublishRequest); ok {
+		p.requests.Add(1)
+		p.messages.Add(int64(len(r.Messages)))
+	}
+	return false, nil, nil
+}
+
+func TestAHotGroupFillsRequests(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	var count publishes
+	s := startServers(t, false, pstest.ServerReactorOption{FuncName: "Publish", Reactor: &count})
+	const n = 5000
+	copyRows(t, db, table, n, 1, 1, 1) // one group
+	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: localSender(t, s)})
+	require.NoError(t, err)
+	stop := run(t, r)
+	waitDrained(t, db, table, time.Minute)
+	require.NoError(t, stop())
+	v := check(t, published(s.ps))
+	assert.Len(t, v.distinct, n)
+	assert.Zero(t, v.violations)
+	perRequest := float64(count.messages.Load()) / float64(count.requests.Load())
+	t.Logf("%d rows of one group in %d requests (%.0f a request)", n, count.requests.Load(), perRequest)
+	assert.Greater(t, perRequest, 50.0, "a group's rows share requests")
 }

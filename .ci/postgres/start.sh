@@ -11,7 +11,8 @@
 # root, the server runs as the postgres user. fsync is off: the tests kill
 # relays, never the server. The server stops, and its directory is removed,
 # when the process that ran this script exits (or SINKBATCH_POSTGRES_PARENT,
-# a pid, if set).
+# a pid, if set: under `eval "$(...)"` the process that ran it is the
+# command substitution's shell, which exits at once, so set it to $$).
 set -euo pipefail
 
 bin="$(pg_config --bindir 2>/dev/null || true)"
