@@ -408,8 +408,9 @@ func (d *dispatch) sweep(now int64) []*entry {
 // expire claims every entry in a request whose deadline has passed and
 // returns them (late), for the actor to answer: a caller is never answered
 // later than its deadline, though its request cannot be recalled. Their
-// groups pause (pause.go): held are the entries they hold back, to be
-// answered too. It costs O(entries in flight) and runs only when the
+// groups pause (pause.go): held are the entries they hold back, and the
+// waiters found abandoned as the room those freed goes to the others, to be
+// answered too (answerDropped). It costs O(entries in flight) and runs only when the
 // earliest such deadline has passed.
 func (d *dispatch) expire(now int64) (late, held []*entry) {
 	d.mu.Lock()
@@ -431,6 +432,15 @@ func (d *dispatch) expire(now int64) (late, held []*entry) {
 	}
 	d.inflightDeadline = next
 	held, _ = d.q.interrupt(late, now)
+	if len(held) > 0 && d.q.waits.n > 0 {
+		// The held entries' room is the waiters' now. If a caller's code
+		// panics in promote, the restart answers the late and held
+		// entries too: they are claimed or out of the queue already.
+		taken := append(slices.Clone(late), held...)
+		defer d.rescue(&taken)
+		dropped := d.q.promote(now, d.alive)
+		held = append(held, dropped...)
+	}
 	return late, held
 }
 

@@ -18,14 +18,16 @@ import (
 // every step it checks the promise: per group, the keys stored, in the order
 // each first reached the destination, are in the order the group first
 // delivered them; no group has two requests in flight; no caller is
-// answered twice; the queue's counts hold. (ResumeGroup and GroupPauseMax
+// answered twice; the queue's counts hold; with Block, no waiter waits on
+// its turn while the queue has room for it. (ResumeGroup and GroupPauseMax
 // end a pause without the retries by design: they are not used here.)
 //
 // Each byte is an operation: kind in the low 3 bits, argument v in the
 // high 5.
 //
-//	0  deliver  group v%2's next new message; deadline 1+v%8 ticks on
-//	1  retry    group v%2's oldest message owed a retry
+//	0  deliver  group v%2's next new message, of tenant v%3, deadline 1+v%8
+//	            ticks on, size 1+(v/8)%4*30 bytes (the queue holds 150)
+//	1  retry    group v%2's oldest message owed a retry (as deliver)
 //	2  launch   the batch due now, if any
 //	3  finish   request v (mod their number): each entry succeeds or fails
 //	            retryably (and so do its group's later entries in the
@@ -78,7 +80,7 @@ type sgHarness struct {
 func sgRun(t *testing.T, data []byte) {
 	s := settings{
 		maxEntries: 3, maxBytes: 100, maxInflight: 2, linger: 0,
-		queueMax: 4, queueMaxBytes: 1000, tenantMax: 4,
+		queueMax: 4, queueMaxBytes: 150, tenantMax: 3,
 		strict: true, pauseMax: math.MaxInt64 / 4,
 		block: data[0]&1 == 1, oneGroup: data[0]&2 == 2,
 	}
@@ -115,6 +117,25 @@ func sgRun(t *testing.T, data []byte) {
 			h.deliver(sgMsg{group: g, index: i, key: fmt.Sprintf("%s%d", g, i)}, v)
 		}
 		checkCounts(t, h.d.q)
+		h.checkTurn()
+	}
+}
+
+// checkTurn checks Block's turn: the waiter whose turn it is waits only
+// while the queue has no room for it (or an older waiter of its group
+// waits, or its tenant's own bound holds it): room that freed went to it.
+func (h *sgHarness) checkTurn() {
+	q := h.d.q
+	w := &q.waits
+	if w.n == 0 || h.d.down || h.d.inherited() {
+		return
+	}
+	e := w.order[w.turn%len(w.order)].first()
+	if g := e.msg.Group; g != "" && w.groups[g].first() != e {
+		return
+	}
+	if _, ok := q.fits(e); ok {
+		h.fatalf("%s waits on its turn though the queue has room for it", e.msg.IdempotencyKey)
 	}
 }
 
@@ -159,8 +180,9 @@ func (h *sgHarness) answer(e *entry, final bool, why string) {
 }
 
 func (h *sgHarness) deliver(m sgMsg, v int) {
-	e := keyed("t", m.group, m.index, m.key)
+	e := keyed(fmt.Sprint("t", v%3), m.group, m.index, m.key)
 	e.deadline = h.now + 1 + int64(v%8)
+	e.size = int32(1 + (v/8)%4*30) // 1 to 91 of a queue's 150 bytes
 	h.msgOf[e] = m
 	delete(h.owed[m.group], m.index)
 	a := h.d.admit(e, h.now, false)
