@@ -53,7 +53,8 @@ func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.
 // (Certificates, GetCertificate or GetConfigForClient) or to present when
 // it dials (Certificates or GetClientCertificate), or skips verifying the
 // servers it dials (InsecureSkipVerify without VerifyPeerCertificate or
-// VerifyConnection to verify them instead).
+// VerifyConnection to verify them instead). The options include
+// GuardReceive.
 func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 	if cfg == nil {
 		panic("sinkbatch: clustered.TLSOptions: nil *tls.Config")
@@ -79,6 +80,7 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 		client.RootCAs = client.ClientCAs
 	}
 	return []remote.ConfigOption{
+		GuardReceive(),
 		addServerOptions(grpc.Creds(credentials.NewTLS(server))),
 		remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(client))),
 	}
@@ -89,8 +91,13 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 // remote.Configure on every member, and set Config.MaxWireBytes to the same
 // n. Like TLSOptions' server option it adds to the server options given
 // before it; remote.WithServerOptions, given after either, replaces them.
+// It includes GuardReceive.
 func ReceiveLimit(n int) remote.ConfigOption {
-	return addServerOptions(grpc.MaxRecvMsgSize(n))
+	guard := GuardReceive()
+	return func(c *remote.Config) {
+		guard(c)
+		addServerOptions(grpc.MaxRecvMsgSize(n))(c)
+	}
 }
 
 // addServerOptions adds opts to the remote's gRPC server options.
