@@ -113,6 +113,19 @@ func (e permanentError) PermanentFailure() bool { return true }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
+// maxQuotedName is the most bytes of a name an error text or a log quotes:
+// a name comes from a caller or a peer, and may be of any length.
+const maxQuotedName = 64
+
+// clipName is name quoted, cut to its first maxQuotedName bytes (and its
+// length said) when it is longer.
+func clipName(name string) string {
+	if len(name) <= maxQuotedName {
+		return fmt.Sprintf("%q", name)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", name[:maxQuotedName], len(name))
+}
+
 // Node is one member's part of cluster mode: it sends every delivery to the
 // grain of its destination, on whichever member owns it, and runs the
 // grains this member owns on Config.Instance. Its methods are safe for
@@ -149,6 +162,12 @@ type Node struct {
 	left     chan struct{} // closed when Leave returns
 	quit     chan struct{} // closed when Leave gives up waiting
 	leaveErr error
+
+	ordered    orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group
+	lease      *lease
+	excludedCh chan struct{} // closed once a peer says the cluster dropped this member (onLeaseAnswer, once)
+	probeStop  chan struct{} // closed by Leave: the probe loop ends
+	probeDone  chan struct{} // closed when the probe loop ended
 }
 
 // New checks cfg and prepares a node; register its Kind with the cluster
@@ -176,7 +195,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	dests := make(Destinations, len(cfg.Destinations))
 	for name, c := range cfg.Destinations {
 		if !validName.MatchString(name) {
-			return nil, fmt.Errorf("sinkbatch: clustered destination name %q is not [A-Za-z0-9._-]{1,200}", name)
+			return nil, fmt.Errorf("sinkbatch: clustered destination name %s is not [A-Za-z0-9._-]{1,200}", clipName(name))
 		}
 		if c == nil || nilPointer(c) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
@@ -196,7 +215,8 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = system.Logger()
 	}
-	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
+	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{}),
+		lease: newLease(), excludedCh: make(chan struct{}), probeStop: make(chan struct{}), probeDone: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
 	n.outboxes.m = map[pidKey]*outbox{}
 	n.outboxes.pool = &pendingPool
@@ -271,11 +291,16 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 				slog.String("address", addr))
 		}
 	}
+	if rc := c.Config.RemoteConfig; rc != nil && rc.MaxRetryCount > 1 {
+		n.log.Warn("sinkbatch: the cluster's remote has MaxRetryCount above 1: a message to a member that does not answer (one that died, or a stranger the provider lists) waits in protoactor's endpoint writer MaxRetryCount × 2 s before it is dropped, and every delivery to the destinations the hash gives that member waits as long; set remote.Config.MaxRetryCount to 1",
+			slog.Int("max_retry_count", rc.MaxRetryCount))
+	}
 	// A topology published before New subscribed is in the member list.
 	if n.topo.empty() {
 		ms := c.MemberList.Members()
-		n.topo.update(ms.TopologyHash(), ms.Members())
+		n.takeTopology(ms.TopologyHash(), ms.Members())
 	}
+	go n.probeLoop(n.probeStop, n.probeDone)
 	return nil
 }
 
@@ -283,7 +308,7 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 // (owners may have moved), and calls to members that left are answered at
 // once (see cut).
 func (n *Node) onTopology(t *cluster.ClusterTopology) {
-	n.topo.update(t.TopologyHash, t.Members)
+	n.takeTopology(t.TopologyHash, t.Members)
 	n.cache.clear()
 	if len(t.Joined) > 0 {
 		n.cutMu.Lock()
@@ -299,6 +324,20 @@ func (n *Node) onTopology(t *cluster.ClusterTopology) {
 		delete(n.leftOK, m.Address())
 		n.cutMu.Unlock()
 	}
+}
+
+// takeTopology takes a member list: ownership, and the peers the lease
+// waits for.
+func (n *Node) takeTopology(hash uint64, members []*cluster.Member) {
+	n.topo.update(hash, members)
+	self := n.system.Address()
+	others := make(map[string]string, len(members))
+	for _, m := range members {
+		if m.HasKind(Kind) && m.Address() != self {
+			others[m.Id] = m.Address()
+		}
+	}
+	n.lease.topology(others)
 }
 
 // cutOff gives up on address: what is queued for it is dropped (answers)
@@ -411,7 +450,12 @@ func (d *Deliver) LogValue() slog.Value {
 	)
 }
 
-// deliverFor answers an actor-form Deliver from its own goroutine.
+// deliverFor answers an actor-form Deliver, off the endpoint's goroutine
+// (its sender's), each on a goroutine of its own. One sender's deliveries
+// of one group to one destination are queued for their owner in the order
+// it sent them, each once the one before it is (see deliver's queued), so
+// that they are admitted in that order, as the local actor form admits
+// them.
 func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 	if !n.inflight.enter() {
 		if sender != nil {
@@ -419,18 +463,78 @@ func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 		}
 		return
 	}
-	go func() {
-		defer n.inflight.exit()
-		ctx, cancel := context.Background(), context.CancelFunc(func() {})
-		if !d.Deadline.IsZero() {
-			ctx, cancel = context.WithDeadline(ctx, d.Deadline)
-		}
-		defer cancel()
-		r, err := n.deliver(ctx, d.Destination, d.Message)
-		if sender != nil {
-			n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: err})
-		}
-	}()
+	if d.Message.Group == "" || sender == nil {
+		go n.deliverOne(sender, d, nil)
+		return
+	}
+	k := orderKey{sender: sender.Address + "/" + sender.Id, destination: d.Destination, group: d.Message.Group}
+	if n.ordered.add(k, d) {
+		go func() {
+			for d := d; d != nil; d = n.ordered.next(k) {
+				queued := make(chan struct{})
+				go n.deliverOne(sender, d, func() { close(queued) })
+				<-queued
+			}
+		}()
+	}
+}
+
+// deliverOne makes one actor-form delivery and answers its sender. It
+// counts the delivery out of n.inflight. queued is deliver's.
+func (n *Node) deliverOne(sender *actor.PID, d *Deliver, queued func()) {
+	defer n.inflight.exit()
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if !d.Deadline.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, d.Deadline)
+	}
+	defer cancel()
+	r, err := n.deliver(ctx, d.Destination, d.Message, queued)
+	if sender != nil {
+		n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: err})
+	}
+}
+
+// orderKey names one sender's deliveries of one group to one destination.
+type orderKey struct{ sender, destination, group string }
+
+// orderedQueues hold the actor-form deliveries waiting for an earlier one
+// of their sender, group and destination to be queued (see
+// Node.deliverFor). A key is present while a goroutine starts its
+// deliveries, and deleted when it has none left. Safe for concurrent use.
+type orderedQueues struct {
+	mu sync.Mutex
+	m  map[orderKey][]*Deliver // guarded by mu
+}
+
+// add queues d under k and reports whether no goroutine makes k's
+// deliveries (the caller starts one, which makes d first).
+func (q *orderedQueues) add(k orderKey, d *Deliver) (start bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if waiting, ok := q.m[k]; ok {
+		q.m[k] = append(waiting, d)
+		return false
+	}
+	if q.m == nil {
+		q.m = map[orderKey][]*Deliver{}
+	}
+	q.m[k] = nil
+	return true
+}
+
+// next is k's next delivery, or nil (k deleted) when none is left.
+func (q *orderedQueues) next(k orderKey) *Deliver {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	waiting := q.m[k]
+	if len(waiting) == 0 {
+		delete(q.m, k)
+		return nil
+	}
+	d := waiting[0]
+	waiting[0] = nil
+	q.m[k] = waiting[1:]
+	return d
 }
 
 // shutdown leaves the cluster gracefully. protoactor's remote can panic
@@ -561,6 +665,8 @@ func (n *Node) Leave(ctx context.Context) error {
 		go func() {
 			defer close(shut)
 			if c := n.cluster.Load(); c != nil {
+				close(n.probeStop)
+				<-n.probeDone
 				n.shutdown(c)
 			}
 			n.system.EventStream.Unsubscribe(n.sub)

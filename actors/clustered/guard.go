@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 
 	"github.com/asynkron/protoactor-go/remote"
 	"google.golang.org/grpc"
@@ -53,6 +52,6 @@ func guard(method string, err *error) {
 		return
 	}
 	slog.Default().Warn("sinkbatch: a cluster peer's input panicked protoactor's receive path; its stream is dropped and the member keeps serving",
-		slog.String("method", method), slog.String("panic", clip(fmt.Sprint(p))), slog.String("stack", string(debug.Stack())))
+		slog.String("method", method), slog.String("panic", clip(fmt.Sprint(p))))
 	*err = status.Error(codes.Internal, "sinkbatch: the message could not be received")
 }

@@ -1,9 +1,3 @@
-//go:build !race
-
-// Members in one process make protoactor report data races inside itself
-// (grpclog, member list, endpoint manager) under -race; .ci/run runs these
-// tests without it, in a step of their own.
-
 package clustered_test
 
 import (
