@@ -23,6 +23,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/test"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/stretchr/testify/assert"
@@ -214,4 +215,38 @@ func TestAttachWarnsAboutMaxRetryCount(t *testing.T) {
 		startTestCluster(t, 1, []string{"d"}, memberOpts{retries: retries, logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		assert.Equal(t, warned, logs.Count("MaxRetryCount above 1"), "MaxRetryCount %d (0: the default)", retries)
 	}
+}
+
+// TestResumeGroupAsksOnlyAMemberThatTakesIt: ResumeGroup toward an owner
+// whose node answers no lease probe (a version before them, which may not
+// know GroupsRequest: a message of a type it does not know would end its
+// stream) is not sent, and ends with an error that says so; toward an
+// owner that answers probes it works.
+func TestResumeGroupAsksOnlyAMemberThatTakesIt(t *testing.T) {
+	agent := test.NewInMemAgent()
+	start := func(o memberOpts) *member {
+		o.provider = test.NewTestProvider(agent, test.WithTestProviderServiceTtl(time.Second), test.WithTestProviderRefreshTtl(100*time.Millisecond))
+		o.noCleanup = true
+		return startMember(t, names(8), o)
+	}
+	ms := []*member{start(memberOpts{}), start(memberOpts{noLeases: true})}
+	t.Cleanup(func() { leaveAll(t, ms) })
+	waitMembers(t, ms, 2)
+	earlier := ms[1]
+	var toEarlier, toCurrent string
+	for _, name := range names(8) {
+		if o, _ := ownerOf(t, ms, name); o == earlier {
+			toEarlier = name
+		} else {
+			toCurrent = name
+		}
+	}
+	require.NotEmpty(t, toEarlier)
+	require.NotEmpty(t, toCurrent)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	require.NoError(t, earlier.node.ResumeGroup(ctx, toCurrent, "g"), "the earlier member asks a current one")
+	err := ms[0].node.ResumeGroup(ctx, toEarlier, "g")
+	require.ErrorIs(t, err, clustered.ErrUnreachable)
+	assert.Contains(t, err.Error(), "earlier version")
 }

@@ -168,6 +168,9 @@ type Node struct {
 	excludedCh chan struct{} // closed once a peer says the cluster dropped this member (onLeaseAnswer, once)
 	probeStop  chan struct{} // closed by Leave: the probe loop ends
 	probeDone  chan struct{} // closed when the probe loop ended
+	// withoutLeases (set by tests only) makes the node answer no lease
+	// probe, as a member of a version before leases.
+	withoutLeases atomic.Bool
 }
 
 // New checks cfg and prepares a node; register its Kind with the cluster
@@ -193,6 +196,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	// The node keeps a copy: the caller's map stays the caller's, to
 	// change without racing the node's reads or changing what it serves.
 	dests := make(Destinations, len(cfg.Destinations))
+	l := newLease()
 	for name, c := range cfg.Destinations {
 		if !validName.MatchString(name) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination name %s is not [A-Za-z0-9._-]{1,200}", clipName(name))
@@ -203,7 +207,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		if err := checkCodec(c); err != nil {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q: %w", name, err)
 		}
-		dests[name] = c
+		dests[name] = fence(c, l)
 	}
 	cfg.Destinations = dests
 	switch {
@@ -216,7 +220,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		cfg.Logger = system.Logger()
 	}
 	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{}),
-		lease: newLease(), excludedCh: make(chan struct{}), probeStop: make(chan struct{}), probeDone: make(chan struct{})}
+		lease: l, excludedCh: make(chan struct{}), probeStop: make(chan struct{}), probeDone: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
 	n.outboxes.m = map[pidKey]*outbox{}
 	n.outboxes.pool = &pendingPool

@@ -172,9 +172,12 @@
 //
 // The bound: after a pause or a partition, two members publish one
 // destination for at most leaseTTL and the round trip of one request to
-// the destination, and never after it; but a batch taken while the lease
-// held is sent even if the process stops between taking it and writing
-// it, since nothing on the destination's side can refuse a fenced writer.
+// the destination, and never after it. The lease is checked as a batch is
+// taken and again as its request begins (the codec the instance is given
+// makes no request without it, and answers the batch's callers
+// ErrUnreachable); a process stopped between that check and the request's
+// bytes leaving it sends them when it wakes, since nothing on the
+// destination's side can refuse a fenced writer.
 //
 // What the lease does not cover, because each member judges by its own
 // view: a member of a version without leases neither answers nor is waited

@@ -78,6 +78,10 @@ func (l *lease) holds() bool {
 func (l *lease) recompute() {
 	until := int64(math.MaxInt64)
 	for _, p := range l.peers {
+		if p.confirmed == 0 {
+			until = 0 // it never confirmed
+			break
+		}
 		until = min(until, p.confirmed+int64(leaseTTL))
 	}
 	l.until.Store(until)
@@ -199,7 +203,7 @@ func (n *Node) probe() {
 // holds the prober's member at the sender's address, and whether this
 // member's cluster dropped it for good.
 func (n *Node) onLeaseProbe(sender *actor.PID, p *clusterpb.LeaseProbe) {
-	if sender == nil {
+	if sender == nil || n.withoutLeases.Load() {
 		return
 	}
 	a := &clusterpb.LeaseAnswer{MemberId: p.MemberId, SentNanos: p.SentNanos, Includes: n.topo.hasMember(p.MemberId, sender.Address)}
