@@ -22,7 +22,7 @@ type fenced struct {
 	lease *lease
 }
 
-func (f fenced) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
+func (f *fenced) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
 	if !f.lease.holds() {
 		return nil, errLeaseLapsed
 	}
@@ -46,18 +46,19 @@ type (
 	}
 )
 
-// fence is c, fenced by l, with the optional interfaces c has.
+// fence is c, fenced by l, with the optional interfaces c has. It is a
+// pointer, as the instance caches what it computes of a codec by pointer.
 func fence(c codec.Codec, l *lease) codec.Codec {
 	f := fenced{Codec: c, lease: l}
 	v, isV := c.(codec.Validator)
 	d, isD := c.(codec.Describer)
 	switch {
 	case isV && isD:
-		return fencedVD{f, v, d}
+		return &fencedVD{f, v, d}
 	case isV:
-		return fencedV{f, v}
+		return &fencedV{f, v}
 	case isD:
-		return fencedD{f, d}
+		return &fencedD{f, d}
 	}
-	return f
+	return &f
 }

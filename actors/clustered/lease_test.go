@@ -2,6 +2,7 @@ package clustered
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -42,11 +43,12 @@ func TestTheLeaseHoldsWhilePeersConfirm(t *testing.T) {
 
 // TestAFencedCodecMakesNoRequestWithoutTheLease: the codec the instance is
 // given sends while the lease holds, makes no request once it ran out, and
-// keeps the codec's optional interfaces.
+// keeps the codec's optional interfaces; it is a pointer.
 func TestAFencedCodecMakesNoRequestWithoutTheLease(t *testing.T) {
 	fake := fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 	l := newLease()
 	c := fence(validating{fake}, l)
+	assert.Equal(t, reflect.Pointer, reflect.TypeOf(c).Kind(), "the instance caches a codec's route by pointer only")
 	_, isValidator := c.(codec.Validator)
 	assert.True(t, isValidator)
 	_, isDescriber := c.(codec.Describer)
