@@ -131,46 +131,52 @@ func clipName(name string) string {
 // grains this member owns on Config.Instance. Its methods are safe for
 // concurrent use.
 type Node struct {
-	system *actor.ActorSystem
-	cfg    Config
-	log    *slog.Logger
-	kind   *cluster.Kind
+	// Set by New, read-only after it.
+	system  *actor.ActorSystem
+	cfg     Config
+	log     *slog.Logger
+	kind    *cluster.Kind
+	replyID string // the endpoint's id of this node's own (incarnationID)
+	sub     *eventstream.Subscription
 
-	topo  topology
+	// Each guards itself (a lock or atomics inside; see each type).
+	topo     topology
+	ledger   *ledger
+	calls    calls
+	direct   directCalls   // deliveries admitted directly, waiting
+	outboxes outboxes      // deliveries waiting to be written to their grains
+	replies  replyBoxes    // answers waiting to be written to their callers
+	cancels  cancels       // deliveries whose callers on other members cancelled
+	cache    pidCache      // grain PIDs by destination
+	ordered  orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group
+	lease    *lease
+	inflight callers // Deliver calls and actor-form deliveries in progress
+
+	// Guarded by cutMu.
 	cutMu sync.Mutex
 	cut   map[string]time.Time // members whose connection was lost, and when (last time)
 	// leftOK: members that said they left gracefully (see Leave), until
 	// the member lists drop them or they join again.
-	leftOK   map[string]bool
-	ledger   *ledger
-	calls    calls
-	direct   directCalls // deliveries admitted directly, waiting
-	outboxes outboxes    // deliveries waiting to be written to their grains
-	replies  replyBoxes  // answers waiting to be written to their callers
-	cancels  cancels     // deliveries whose callers on other members cancelled
-	cache    pidCache
+	leftOK map[string]bool
 
-	cluster atomic.Pointer[cluster.Cluster]
-	self    atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
-	// replyID is the endpoint's id of this node's own (incarnationID), and
-	// replyTo its PID at the system's latest address.
-	replyID  string
-	replyTo  atomic.Pointer[actor.PID]
-	sub      *eventstream.Subscription
-	leaving  atomic.Bool
-	inflight callers       // Deliver calls and actor-form deliveries in progress
-	left     chan struct{} // closed when Leave returns
-	quit     chan struct{} // closed when Leave gives up waiting
-	leaveErr error
-
-	ordered    orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group
-	lease      *lease
-	excludedCh chan struct{} // closed once a peer says the cluster dropped this member (onLeaseAnswer, once)
-	probeStop  chan struct{} // closed by Leave: the probe loop ends
-	probeDone  chan struct{} // closed when the probe loop ended
+	// Atomics.
+	cluster atomic.Pointer[cluster.Cluster] // set once, by Attach
+	self    atomic.Pointer[actor.PID]       // the endpoint's PID at the system's latest address
+	replyTo atomic.Pointer[actor.PID]       // the endpoint's PID under replyID at the system's latest address
+	leaving atomic.Bool                     // set once, by Leave
 	// withoutLeases (set by tests only) makes the node answer no lease
 	// probe, as a member of a version before leases.
 	withoutLeases atomic.Bool
+
+	// Channels, each closed once by its one owner.
+	left       chan struct{} // by Leave, when it returns
+	quit       chan struct{} // by Leave, when it gives up waiting
+	excludedCh chan struct{} // by onLeaseAnswer: a peer says the cluster dropped this member
+	probeStop  chan struct{} // by Leave: the probe loop ends
+	probeDone  chan struct{} // by the probe loop, when it ended
+
+	// Written by the first Leave before it closes left; read after left.
+	leaveErr error
 }
 
 // New checks cfg and prepares a node; register its Kind with the cluster
