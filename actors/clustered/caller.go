@@ -367,7 +367,7 @@ func (n *Node) DeliverResult(ctx context.Context, destination string, m codec.Me
 		return codec.Result{}, messages.ErrStopped
 	}
 	defer n.inflight.exit()
-	return n.deliver(ctx, destination, m)
+	return n.deliver(ctx, destination, m, nil)
 }
 
 // deliver is DeliverResult for a caller counted in n.inflight.
@@ -378,9 +378,24 @@ func (n *Node) DeliverResult(ctx context.Context, destination string, m codec.Me
 // the deadline. An attempt that may have been admitted is never made again:
 // its silence until the deadline, or its member leaving the cluster, is
 // ErrUnreachable.
-func (n *Node) deliver(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
+//
+// queued, if not nil, is called once, as soon as the first attempt is
+// queued for its owner (in an outbox, or in the local instance's mailbox)
+// or deliver returns, whichever comes first: the actor form makes one
+// sender's next delivery of a group then (see Node.deliverFor).
+func (n *Node) deliver(ctx context.Context, destination string, m codec.Message, queued func()) (codec.Result, error) {
+	if queued != nil {
+		once := queued
+		queued = func() {
+			if once != nil {
+				once()
+				once = nil
+			}
+		}
+		defer queued()
+	}
 	if _, ok := n.cfg.Destinations[destination]; !ok {
-		return codec.Result{}, fmt.Errorf("%w %q", ErrUnknownDestination, destination)
+		return codec.Result{}, fmt.Errorf("%w %s", ErrUnknownDestination, clipName(destination))
 	}
 	if err := ctx.Err(); err != nil {
 		return codec.Result{}, err
@@ -400,7 +415,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 	}
 	backoff := minBackoff
 	for {
-		if r, admitted, err := n.here(ctx, deadline, destination, m); admitted {
+		if r, admitted, err := n.here(ctx, deadline, destination, m, queued); admitted {
 			return r, err
 		}
 		pid, err := n.resolve(ctx, deadline, destination)
@@ -411,7 +426,7 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 			if time.Until(deadline) <= 0 {
 				return codec.Result{}, n.unreachable(ctx)
 			}
-			answer, err := n.send(ctx, deadline, pid, destination, q)
+			answer, err := n.sendQueued(ctx, deadline, pid, destination, q, queued)
 			if err != nil {
 				return codec.Result{}, err
 			}
@@ -455,8 +470,8 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message)
 // delivery is answered as if the grain had admitted it: with the
 // instance's answer, or ErrUnreachable if the ctx ends or Leave gives up
 // first.
-func (n *Node) here(ctx context.Context, deadline time.Time, destination string, m codec.Message) (r codec.Result, admitted bool, err error) {
-	if n.leaving.Load() {
+func (n *Node) here(ctx context.Context, deadline time.Time, destination string, m codec.Message, queued func()) (r codec.Result, admitted bool, err error) {
+	if n.leaving.Load() || !n.lease.holds() {
 		return codec.Result{}, false, nil
 	}
 	h, undo := n.ledger.admitHere(destination, n.topo.version.Load())
@@ -484,12 +499,20 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 		Deadline:    deadline,
 		SpanContext: trace.SpanContextFromContext(ctx),
 	})
+	if queued != nil {
+		queued()
+	}
 	answer, err := n.wait(ctx, deadline, 0, c, &r)
 	if err != nil {
 		return codec.Result{}, true, err
 	}
 	switch answer.(type) {
 	case answeredHere:
+		if r.Err == errUnleased {
+			// Dropped unsent for want of the lease: the caller tries
+			// again.
+			return codec.Result{}, false, nil
+		}
 		if r.Err != nil {
 			return codec.Result{}, true, r.Err
 		}
@@ -506,6 +529,11 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 // notSent, nodeQuit. A nil answer with an error means the ctx ended or the node gave
 // up first.
 func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
+	return n.sendQueued(ctx, deadline, grain, destination, q, nil)
+}
+
+// sendQueued is send calling queued, if not nil, once q is queued.
+func (n *Node) sendQueued(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery, queued func()) (any, error) {
 	id, c := n.calls.beginDelivery(grain.Address)
 	if id == 0 {
 		// Leave gave up: c is answered nodeQuit, and nothing is sent.
@@ -516,6 +544,9 @@ func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, d
 	q.call = id
 	c.grain = grain
 	n.queueDelivery(grain, destination, q)
+	if queued != nil {
+		queued()
+	}
 	return n.wait(ctx, deadline, id, c, nil)
 }
 
@@ -590,6 +621,11 @@ func keepsDeadline(ctx context.Context, deadline time.Time) bool {
 	d, ok := ctx.Deadline()
 	return ok && !d.After(deadline)
 }
+
+// errUnleased answers, in its call, a delivery admitted directly that its
+// batcher dropped unsent because the node lost its lease (see
+// admitted.Forgotten): Node.here tries it again.
+var errUnleased = errors.New("sinkbatch: not sent: the member lost its ownership lease")
 
 // errNodeQuit answers a caller whose call was still waiting when Leave gave
 // up: its delivery may have been sent.

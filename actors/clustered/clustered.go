@@ -113,41 +113,69 @@ func (e permanentError) PermanentFailure() bool { return true }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
+// maxQuotedName is the most bytes of a name an error text or a log quotes:
+// a name comes from a caller or a peer, and may be of any length.
+const maxQuotedName = 64
+
+// clipName is name quoted, cut to its first maxQuotedName bytes (and its
+// length said) when it is longer.
+func clipName(name string) string {
+	if len(name) <= maxQuotedName {
+		return fmt.Sprintf("%q", name)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", name[:maxQuotedName], len(name))
+}
+
 // Node is one member's part of cluster mode: it sends every delivery to the
 // grain of its destination, on whichever member owns it, and runs the
 // grains this member owns on Config.Instance. Its methods are safe for
 // concurrent use.
 type Node struct {
-	system *actor.ActorSystem
-	cfg    Config
-	log    *slog.Logger
-	kind   *cluster.Kind
+	// Set by New, read-only after it.
+	system  *actor.ActorSystem
+	cfg     Config
+	log     *slog.Logger
+	kind    *cluster.Kind
+	replyID string // the endpoint's id of this node's own (incarnationID)
+	sub     *eventstream.Subscription
 
-	topo  topology
+	// Each guards itself (a lock or atomics inside; see each type).
+	topo     topology
+	ledger   *ledger
+	calls    calls
+	direct   directCalls   // deliveries admitted directly, waiting
+	outboxes outboxes      // deliveries waiting to be written to their grains
+	replies  replyBoxes    // answers waiting to be written to their callers
+	cancels  cancels       // deliveries whose callers on other members cancelled
+	cache    pidCache      // grain PIDs by destination
+	ordered  orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group
+	lease    *lease
+	inflight callers // Deliver calls and actor-form deliveries in progress
+
+	// Guarded by cutMu.
 	cutMu sync.Mutex
 	cut   map[string]time.Time // members whose connection was lost, and when (last time)
 	// leftOK: members that said they left gracefully (see Leave), until
 	// the member lists drop them or they join again.
-	leftOK   map[string]bool
-	ledger   *ledger
-	calls    calls
-	direct   directCalls // deliveries admitted directly, waiting
-	outboxes outboxes    // deliveries waiting to be written to their grains
-	replies  replyBoxes  // answers waiting to be written to their callers
-	cancels  cancels     // deliveries whose callers on other members cancelled
-	cache    pidCache
+	leftOK map[string]bool
 
-	cluster atomic.Pointer[cluster.Cluster]
-	self    atomic.Pointer[actor.PID] // the endpoint's PID at the system's latest address
-	// replyID is the endpoint's id of this node's own (incarnationID), and
-	// replyTo its PID at the system's latest address.
-	replyID  string
-	replyTo  atomic.Pointer[actor.PID]
-	sub      *eventstream.Subscription
-	leaving  atomic.Bool
-	inflight callers       // Deliver calls and actor-form deliveries in progress
-	left     chan struct{} // closed when Leave returns
-	quit     chan struct{} // closed when Leave gives up waiting
+	// Atomics.
+	cluster atomic.Pointer[cluster.Cluster] // set once, by Attach
+	self    atomic.Pointer[actor.PID]       // the endpoint's PID at the system's latest address
+	replyTo atomic.Pointer[actor.PID]       // the endpoint's PID under replyID at the system's latest address
+	leaving atomic.Bool                     // set once, by Leave
+	// withoutLeases (set by tests only) makes the node answer no lease
+	// probe, as a member of a version before leases.
+	withoutLeases atomic.Bool
+
+	// Channels, each closed once by its one owner.
+	left       chan struct{} // by Leave, when it returns
+	quit       chan struct{} // by Leave, when it gives up waiting
+	excludedCh chan struct{} // by onLeaseAnswer: a peer says the cluster dropped this member
+	probeStop  chan struct{} // by Leave: the probe loop ends
+	probeDone  chan struct{} // by the probe loop, when it ended
+
+	// Written by the first Leave before it closes left; read after left.
 	leaveErr error
 }
 
@@ -174,9 +202,10 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	// The node keeps a copy: the caller's map stays the caller's, to
 	// change without racing the node's reads or changing what it serves.
 	dests := make(Destinations, len(cfg.Destinations))
+	l := newLease()
 	for name, c := range cfg.Destinations {
 		if !validName.MatchString(name) {
-			return nil, fmt.Errorf("sinkbatch: clustered destination name %q is not [A-Za-z0-9._-]{1,200}", name)
+			return nil, fmt.Errorf("sinkbatch: clustered destination name %s is not [A-Za-z0-9._-]{1,200}", clipName(name))
 		}
 		if c == nil || nilPointer(c) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
@@ -184,7 +213,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		if err := checkCodec(c); err != nil {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q: %w", name, err)
 		}
-		dests[name] = c
+		dests[name] = fence(c, l)
 	}
 	cfg.Destinations = dests
 	switch {
@@ -196,7 +225,8 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = system.Logger()
 	}
-	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{})}
+	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{}),
+		lease: l, excludedCh: make(chan struct{}), probeStop: make(chan struct{}), probeDone: make(chan struct{})}
 	n.calls.m = map[uint32]*call{}
 	n.outboxes.m = map[pidKey]*outbox{}
 	n.outboxes.pool = &pendingPool
@@ -271,11 +301,16 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 				slog.String("address", addr))
 		}
 	}
+	if rc := c.Config.RemoteConfig; rc != nil && rc.MaxRetryCount > 1 {
+		n.log.Warn("sinkbatch: the cluster's remote has MaxRetryCount above 1: a message to a member that does not answer (one that died, or a stranger the provider lists) waits in protoactor's endpoint writer MaxRetryCount × 2 s before it is dropped, and every delivery to the destinations the hash gives that member waits as long; set remote.Config.MaxRetryCount to 1",
+			slog.Int("max_retry_count", rc.MaxRetryCount))
+	}
 	// A topology published before New subscribed is in the member list.
 	if n.topo.empty() {
 		ms := c.MemberList.Members()
-		n.topo.update(ms.TopologyHash(), ms.Members())
+		n.takeTopology(ms.TopologyHash(), ms.Members())
 	}
+	go n.probeLoop(n.probeStop, n.probeDone)
 	return nil
 }
 
@@ -283,7 +318,7 @@ func (n *Node) Attach(c *cluster.Cluster) error {
 // (owners may have moved), and calls to members that left are answered at
 // once (see cut).
 func (n *Node) onTopology(t *cluster.ClusterTopology) {
-	n.topo.update(t.TopologyHash, t.Members)
+	n.takeTopology(t.TopologyHash, t.Members)
 	n.cache.clear()
 	if len(t.Joined) > 0 {
 		n.cutMu.Lock()
@@ -299,6 +334,20 @@ func (n *Node) onTopology(t *cluster.ClusterTopology) {
 		delete(n.leftOK, m.Address())
 		n.cutMu.Unlock()
 	}
+}
+
+// takeTopology takes a member list: ownership, and the peers the lease
+// waits for.
+func (n *Node) takeTopology(hash uint64, members []*cluster.Member) {
+	n.topo.update(hash, members)
+	self := n.system.Address()
+	others := make(map[string]string, len(members))
+	for _, m := range members {
+		if m.HasKind(Kind) && m.Address() != self {
+			others[m.Id] = m.Address()
+		}
+	}
+	n.lease.topology(others)
 }
 
 // cutOff gives up on address: what is queued for it is dropped (answers)
@@ -411,7 +460,12 @@ func (d *Deliver) LogValue() slog.Value {
 	)
 }
 
-// deliverFor answers an actor-form Deliver from its own goroutine.
+// deliverFor answers an actor-form Deliver, off the endpoint's goroutine
+// (its sender's), each on a goroutine of its own. One sender's deliveries
+// of one group to one destination are queued for their owner in the order
+// it sent them, each once the one before it is (see deliver's queued), so
+// that they are admitted in that order, as the local actor form admits
+// them.
 func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 	if !n.inflight.enter() {
 		if sender != nil {
@@ -419,18 +473,78 @@ func (n *Node) deliverFor(sender *actor.PID, d *Deliver) {
 		}
 		return
 	}
-	go func() {
-		defer n.inflight.exit()
-		ctx, cancel := context.Background(), context.CancelFunc(func() {})
-		if !d.Deadline.IsZero() {
-			ctx, cancel = context.WithDeadline(ctx, d.Deadline)
-		}
-		defer cancel()
-		r, err := n.deliver(ctx, d.Destination, d.Message)
-		if sender != nil {
-			n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: err})
-		}
-	}()
+	if d.Message.Group == "" || sender == nil {
+		go n.deliverOne(sender, d, nil)
+		return
+	}
+	k := orderKey{sender: sender.Address + "/" + sender.Id, destination: d.Destination, group: d.Message.Group}
+	if n.ordered.add(k, d) {
+		go func() {
+			for d := d; d != nil; d = n.ordered.next(k) {
+				queued := make(chan struct{})
+				go n.deliverOne(sender, d, func() { close(queued) })
+				<-queued
+			}
+		}()
+	}
+}
+
+// deliverOne makes one actor-form delivery and answers its sender. It
+// counts the delivery out of n.inflight. queued is deliver's.
+func (n *Node) deliverOne(sender *actor.PID, d *Deliver, queued func()) {
+	defer n.inflight.exit()
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if !d.Deadline.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, d.Deadline)
+	}
+	defer cancel()
+	r, err := n.deliver(ctx, d.Destination, d.Message, queued)
+	if sender != nil {
+		n.system.Root.Send(sender, &messages.Delivered{Ref: d.Ref, ID: r.ID, Sequence: r.Sequence, Err: err})
+	}
+}
+
+// orderKey names one sender's deliveries of one group to one destination.
+type orderKey struct{ sender, destination, group string }
+
+// orderedQueues hold the actor-form deliveries waiting for an earlier one
+// of their sender, group and destination to be queued (see
+// Node.deliverFor). A key is present while a goroutine starts its
+// deliveries, and deleted when it has none left. Safe for concurrent use.
+type orderedQueues struct {
+	mu sync.Mutex
+	m  map[orderKey][]*Deliver // guarded by mu
+}
+
+// add queues d under k and reports whether no goroutine makes k's
+// deliveries (the caller starts one, which makes d first).
+func (q *orderedQueues) add(k orderKey, d *Deliver) (start bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if waiting, ok := q.m[k]; ok {
+		q.m[k] = append(waiting, d)
+		return false
+	}
+	if q.m == nil {
+		q.m = map[orderKey][]*Deliver{}
+	}
+	q.m[k] = nil
+	return true
+}
+
+// next is k's next delivery, or nil (k deleted) when none is left.
+func (q *orderedQueues) next(k orderKey) *Deliver {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	waiting := q.m[k]
+	if len(waiting) == 0 {
+		delete(q.m, k)
+		return nil
+	}
+	d := waiting[0]
+	waiting[0] = nil
+	q.m[k] = waiting[1:]
+	return d
 }
 
 // shutdown leaves the cluster gracefully. protoactor's remote can panic
@@ -561,6 +675,8 @@ func (n *Node) Leave(ctx context.Context) error {
 		go func() {
 			defer close(shut)
 			if c := n.cluster.Load(); c != nil {
+				close(n.probeStop)
+				<-n.probeDone
 				n.shutdown(c)
 			}
 			n.system.EventStream.Unsubscribe(n.sub)

@@ -61,7 +61,7 @@
 // for that alone is refused at once, from every member, with an error that
 // wraps codec.ErrTooLarge. To carry larger messages (Pub/Sub takes 10 MB),
 // give every member's remote ReceiveLimit(n) and set MaxWireBytes to n.
-
+//
 // A caller retries by itself only what was certainly not admitted: a grain
 // that answered "not the owner", a grain that is gone (dead letter), a member
 // it could not dial, a delivery still waiting to be written when its owner
@@ -93,8 +93,7 @@
 // other member to hand the destination off; each one makes its grain (if
 // any) stop admitting, waits until its instance has answered everything
 // that grain admitted, and only then says it is done. So no group ever has
-// two requests in flight and admission order holds across the move
-// (TestJoinHandsOff and TestLeaveHandsOff count overlaps at the server: 0).
+// two requests in flight and admission order holds across the move.
 // The price is a pause for the destinations that move. On a join, their
 // deliveries bounce between members until every member has seen the new
 // topology, and the new owner then waits for the old one to drain what it
@@ -111,8 +110,7 @@
 // new owner, for the time it had left, before the new owner admits
 // anything: on a join, the old owner's HandoffDone carries its pauses; on a
 // leave, the leaving member sends them to each destination's next owner
-// before it says it left (TestAdv13StrictGroupPauseSurvivesAJoin and
-// ...ALeave). Pauses that reach a grain no longer waiting for them (it
+// before it says it left. Pauses that reach a grain no longer waiting for them (it
 // yielded to yet another owner, or gave up on their member) are passed on
 // to the owner in its member's latest topology, not dropped. A pause is kept on the owner's instance: resume or list
 // paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
@@ -121,8 +119,12 @@
 // so are those of a member whose Leave gave up (its ctx ended).
 //
 // A new owner does not wait for a member it cannot talk to: one that left
-// its topology, or one protoactor lost (or could not make) the connection
-// to while it waited. A connection that drops while a live old owner still
+// its topology, one protoactor lost (or could not make) the connection to
+// while it waited, or one that has said nothing at all (no HandoffDone, no
+// answer to a lease probe: see Fencing) for handoffSilence (500 ms) since
+// it began to wait, such as a stranger answering a health port the
+// provider lists. A member that answers lease probes is waited for until
+// it hands off, however long its batchers take to answer what it admitted. A connection that drops while a live old owner still
 // has a request in flight can therefore let that request overlap the new
 // owner's first one.
 //
@@ -133,7 +135,7 @@
 // destination accepted the message), and a caller's acknowledged messages
 // stay in its order. Deliveries to its destinations succeed again once the
 // provider drops it: the new owner does not wait for a member that is no
-// longer in its topology (TestCrash). A batch the crashed member had in
+// longer in its topology. A batch the crashed member had in
 // flight may still reach the destination while the new owner sends the same
 // group: a crash can break "one request of a group in flight" for the
 // duration of that request, and a message answered ErrUnreachable can land
@@ -141,19 +143,62 @@
 // address (a fixed host and port) is a new caller: the answers the owners
 // still send for its predecessor's deliveries reach no process of the new
 // one (each node answers to an id of its own), and are dropped as dead
-// letters, never taken for its own callers' answers
-// (TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor).
+// letters, never taken for its own callers' answers.
 //
-// A network partition that the provider does not see as one (each side
-// still lists the other, or each side's provider drops the other) can let
-// both sides own a destination: each side's grain admits what its side
-// sends, and a group can have two requests in flight and lose its order
-// across the two. Ownership here rests on each member's view of the
-// membership, not on an agreement. A lease (an etcd lease or a Kubernetes
-// Lease per destination, or per member, renewed by the owner and taken over
-// only after it expires) would close that gap at the cost of an unavailable
-// destination while the lease runs out: the owner stops admitting when it
-// cannot renew, and the new owner waits for expiry before it admits.
+// # Fencing
+//
+// protoactor drops a member whose health checks fail (its process stopped
+// or starved, a long GC pause, a VM stall, a partition: anything longer
+// than the provider's health timeout, 2 s for the automanaged provider),
+// never takes it back, and never tells it: on its own member list it still
+// owns what it owned. So a member also needs its peers' word. Every
+// leaseProbeEvery (100 ms) a node asks each other member of its list
+// hosting Kind whether that member's list still holds it under the same
+// member id; a confirmation counts for leaseTTL (600 ms) from when the
+// question was sent, by the node's monotonic clock, which runs on while the
+// process is stopped. The node holds its lease while every other member of
+// its list that takes part (one that has answered a probe) confirmed
+// within that time. Only then does a grain admit a delivery, a caller
+// hand one to its own instance, or a batcher send a batch of what the node
+// admitted: without the lease, grains answer "not the owner" and batchers
+// drop, unsent, what they take, and the callers try again within their
+// deadlines. A member that cannot hear its peers stops in leaseTTL, well
+// before they can drop it; a stopped one finds its lease expired as it
+// wakes, before it sends anything it takes. The first answer from a member
+// that dropped it says so: from then on the node admits nothing, its
+// callers are answered ErrUnreachable, and Node.Excluded is closed. Leave,
+// and start a new actor system, instance, node and member: it joins under
+// a new member id.
+//
+// The bound: after a pause or a partition, two members publish one
+// destination for at most leaseTTL and the round trip of one request to
+// the destination, and never after it. The lease is checked as a batch is
+// taken and again as its request begins (the codec the instance is given
+// makes no request without it, and answers the batch's callers
+// ErrUnreachable); a process stopped between that check and the request's
+// bytes leaving it sends them when it wakes, since nothing on the
+// destination's side can refuse a fenced writer.
+//
+// What the lease does not cover, because each member judges by its own
+// view: a member of a version without leases neither answers nor is waited
+// for, so fencing holds only between members that have it (a rolling
+// deploy mixes them for a while); a partition that the members' lists do
+// not show (each side still lists the other) leaves each side's owner
+// without its lease, not two owners; a member that crashed holds every
+// other member's lease until the provider drops it (with the automanaged
+// provider, at its next poll, since a dead member's health port refuses),
+// and the destinations the others own answer "not the owner" meanwhile,
+// from leaseTTL after the crash.
+//
+// Where the provider has a store with leases (etcd, Consul, Kubernetes), a
+// lease-backed mode would put ownership there: one lease per member (or
+// per destination) in the store, renewed by its holder, which admits only
+// while its lease is live; a new owner takes a destination over only once
+// the old owner's lease expired in the store. That is one agreement rather
+// than each member's view of its peers': it fences members of any version
+// and partitions no member list shows, and a crash costs only the crashed
+// member's destinations, for the lease's term, at the price of the store
+// on every renewal's path.
 //
 // # Who may deliver
 //
@@ -162,20 +207,71 @@
 // mutual TLS between members: MutualTLS and TLSOptions turn a certificate
 // authority and a member certificate into protoactor remote's gRPC server
 // and dial options, so that a peer without a certificate from the cluster's
-// authority can neither join the conversation nor deliver
-// (TestMutualTLS), and a member dials only servers holding a certificate
+// authority can neither join the conversation nor deliver, and a member dials only servers holding a certificate
 // from it. TLSOptions refuses (panics at set-up) a config that names no CA
 // to verify peers by, lacks a certificate to serve or to present when
 // dialling, or skips verifying servers. Attach logs a WARN when the member
 // listens beyond loopback and its remote serves without TLS, or with TLS
 // that completes for a client without a certificate or with one it made
-// itself. The provider's own channel
+// itself. TLSOptions' server also requires the client's certificate to be
+// valid for the config's ServerName (the cluster's name), so that a CA
+// shared with other services does not let them in.
+//
+// Whatever a peer sends, the member's process stays up: GuardReceive
+// (which TLSOptions and ReceiveLimit include) ends only the stream whose
+// message panics protoactor's receive path. A node never sends a member a
+// message type that member may not know: new requests ride as fields of
+// types every version knows (cancels in a DeliverBatch, lease probes in a
+// DeliverReplies), and ResumeGroup asks only an owner that answered a
+// lease probe. Only configured destinations keep a grain: a delivery to a
+// name this member does not configure is answered ErrUnknownDestination,
+// and its grain stops after yieldLinger. Error texts quote at most 64
+// bytes of a name.
+//
+// Set the remote's MaxRetryCount to 1: a message to a member that does not
+// answer waits in protoactor's endpoint writer MaxRetryCount times 2 s
+// before it is dropped, and Attach warns about more.
+//
+// The provider's own channel
 // (the automanaged health port, Consul, etcd, Kubernetes) decides
 // membership and needs protecting on its own terms: a stranger the provider
 // lists gets nothing and sends nothing through TLS, but the destinations the
 // hash gives it are unreachable (ErrUnreachable) until the provider drops it.
 //
-// # Logs
+// # Concurrency
+//
+// A node's state is shared by these goroutines; each names what it may
+// touch, and each piece of state has one guard:
+//   - callers (Deliver, DeliverResult, ResumeGroup, PausedGroups, and the
+//     actor form's goroutines, which Node.deliverFor starts under
+//     orderedQueues.mu): their own call records; calls (calls.mu),
+//     outboxes (boxes.mu, taken before calls.mu, never after), direct
+//     calls (each shard's mu), the ledger's admitHere (its atomic counts
+//     and copy-on-write view), topology (its RWMutex), the PID cache (its
+//     mutex), the lease (holds: atomics) and inflight (one atomic word);
+//   - the endpoint (endpoint.SendUserMessage), run on its sender's
+//     goroutine: a remote sender's is protoactor's endpoint reader for its
+//     stream. Answers go to calls; hand-off requests to the ledger
+//     (ledger.mu); lease probes and answers to the lease (lease.mu);
+//   - the event-stream subscriber (onTopology, onCut): topology, the PID
+//     cache, cutMu (cut and leftOK), outboxes and reply boxes, calls,
+//     direct calls, and the lease's member list (lease.mu);
+//   - a grain's Receive: the grain's own fields, touched by nothing else;
+//     the ledger, reply boxes, calls (abandoning posts) and lease.holds;
+//   - protoactor's endpoint writer, calling Serialize on a post
+//     (outgoing, outgoingReplies) as it writes it: boxes.mu, then calls.mu;
+//   - timers: a grain's (time.AfterFunc) only send the grain a message; a
+//     caller's timer is its own call's;
+//   - batcher goroutines, answering an admitted record (Answer, Listening,
+//     Forgotten, Release): the record's atomics, direct calls, reply
+//     boxes, the ledger's counts (ledger.mu when a count settles an
+//     entry), cancels (cancels.mu, behind an atomic count) and lease.holds;
+//   - the probe loop that Attach starts: the lease's member list, and
+//     sends; Leave stops it and waits for it;
+//   - Leave's goroutines: the ledger, inflight, and, when its ctx ends,
+//     calls, outboxes, reply boxes and direct calls, each under its guard.
+//
+// // # Logs
 //
 // protoactor logs each message it routes at Debug, bodies included: run the
 // actor system's logger at Info or above in production. The node's own logs

@@ -18,6 +18,8 @@ import (
 // endpoint is a node's one registered process, at the same id on every
 // member. It has no mailbox: each message is handled on its sender's
 // goroutine. It takes
+//   - lease probes from other members' nodes, and the answers to this
+//     node's (DeliverReplies carrying a LeaseProbe or a LeaseAnswer);
 //   - on the caller's side, the answers to the node's deliveries
 //     (DeliverReplies, each reply naming its call) and requests (an
 //     ActivationResponse, a dead letter for a request or a post), told apart
@@ -45,6 +47,12 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 			if r != nil {
 				n.onAnswer(r.Call, r)
 			}
+		}
+		if m.LeaseProbe != nil {
+			n.onLeaseProbe(sender, m.LeaseProbe)
+		}
+		if m.LeaseAnswer != nil {
+			n.onLeaseAnswer(sender, m.LeaseAnswer)
 		}
 	case *cluster.ActivationResponse, *actor.DeadLetterResponse, *clusterpb.GroupsReply:
 		n.onAnswer(pid.RequestId, m)

@@ -30,3 +30,7 @@ func (n *Node) NewTopologyVersion() { n.topo.version.Add(1) }
 // CancelsKept is how many cancels of its callers' deliveries the node
 // keeps.
 func (n *Node) CancelsKept() int { return int(n.cancels.n.Load()) }
+
+// AnswerNoLeaseProbes makes the node answer no lease probe, as a member of
+// a version before leases.
+func (n *Node) AnswerNoLeaseProbes() { n.withoutLeases.Store(true) }

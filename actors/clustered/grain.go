@@ -30,6 +30,12 @@ const (
 	// coming back as dead letters (it cannot be connected to) before a
 	// waiting grain stops waiting for it.
 	handoffGiveUp = time.Second
+	// handoffSilence is how long a waiting grain waits for a member that
+	// has said nothing since it began (no HandoffDone, no answer to a
+	// lease probe): a process the provider lists that is no member
+	// (a stranger at a listed health port), or one that cannot answer.
+	// A member that answers probes is waited for until it hands off.
+	handoffSilence = 500 * time.Millisecond
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
@@ -45,9 +51,9 @@ const (
 	waiting   grainState = iota // asking the other members to hand off
 	admitting                   // handing deliveries to the local instance
 	yielding                    // refusing everything, then stopping
-	// unknown: the member owns a destination it has no codec for (a
-	// rolling deploy that adds a name reaches the members one at a time);
-	// it answers ErrUnknownDestination until it no longer owns it.
+	// unknown: the destination is not configured here (a rolling deploy
+	// that adds a name reaches the members one at a time): the grain
+	// answers ErrUnknownDestination until it stops, after lingering.
 	unknown
 )
 
@@ -79,6 +85,7 @@ type grain struct {
 	awaiting    map[string]bool      // members whose HandoffDone is missing
 	unreached   map[string]time.Time // awaited members whose requests dead-lettered, since when
 	askedAt     time.Time            // when the grain began to wait
+	askedNanos  int64                // askedAt on the lease's clock
 	ownedAt     uint64               // the topology version owns was computed for
 	owns        bool                 // the member owns destination in that version
 	openAt      uint64               // the topology version the ledger was last opened in (ledger.open)
@@ -164,13 +171,18 @@ func (g *grain) abandonPosts(ctx actor.Context) {
 func (g *grain) start(ctx actor.Context, destination string) {
 	g.destination = destination
 	g.codec = g.n.cfg.Destinations[destination]
-	if g.codec == nil && g.owned() && !g.n.leaving.Load() {
+	if g.codec == nil {
+		// Not a configured name (a peer's config names it: a rolling
+		// deploy adds it, or the peer is no member of ours): the deliveries
+		// that reach the grain are answered ErrUnknownDestination, and it
+		// stops after lingering, so an activation leaves nothing behind.
 		// Yielding would send callers back here: they look the owner up
 		// again and find this member, until their deadlines.
 		g.state = unknown
+		g.after(ctx, yieldLinger, stopTick{})
 		return
 	}
-	if g.codec != nil && g.owned() {
+	if g.owned() {
 		g.held = g.n.ledger.register(destination, ctx.Self())
 	}
 	if g.held == nil {
@@ -178,7 +190,7 @@ func (g *grain) start(ctx actor.Context, destination string) {
 		return
 	}
 	g.awaiting = map[string]bool{}
-	g.askedAt = time.Now()
+	g.askedAt, g.askedNanos = time.Now(), g.n.lease.now()
 	for _, a := range g.n.topo.others(g.n.system.Address()) {
 		g.awaiting[a] = true
 	}
@@ -192,8 +204,14 @@ func (g *grain) start(ctx actor.Context, destination string) {
 // drops while a live member still has a request in flight lets that
 // request overlap the new owner's; the package doc says so.)
 func (g *grain) ask(ctx actor.Context, send bool) {
+	silent := time.Since(g.askedAt) >= handoffSilence
 	for a := range g.awaiting {
-		if !g.n.topo.has(a) || g.n.cutSince(a, g.askedAt) {
+		switch {
+		case !g.n.topo.has(a) || g.n.cutSince(a, g.askedAt):
+			delete(g.awaiting, a)
+		case silent && !g.n.lease.heardSince(a, g.askedNanos):
+			g.n.log.Warn("sinkbatch: taking a destination over without the hand-off of a member that has said nothing",
+				slog.String("destination", clipName(g.destination)), slog.String("member", a), slog.Duration("waited", time.Since(g.askedAt)))
 			delete(g.awaiting, a)
 		}
 	}
@@ -203,7 +221,7 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 			g.timer.Stop()
 		}
 		for _, b := range g.buffered {
-			g.admit(b, newAdmitted())
+			g.admitOrRefuse(b)
 		}
 		g.buffered = nil
 		if g.owned() && !g.n.leaving.Load() {
@@ -290,9 +308,22 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 		}
 		g.buffered = append(g.buffered, b)
 	case admitting:
-		g.admit(b, newAdmitted())
-		g.open(ctx)
+		if g.admitOrRefuse(b) {
+			g.open(ctx)
+		}
 	}
+}
+
+// admitOrRefuse admits b while the node holds its lease; otherwise it
+// answers "not the owner" (its caller tries again, within its deadline),
+// and reports whether it admitted.
+func (g *grain) admitOrRefuse(b parked) bool {
+	if !g.n.lease.holds() {
+		g.n.reply(b.sender, &clusterpb.DeliverReply{Call: b.req.Call, NotOwner: true})
+		return false
+	}
+	g.admit(b, newAdmitted())
+	return true
 }
 
 // open lets the member's own callers admit directly (Node.here) in the
@@ -354,6 +385,7 @@ type admitted struct {
 	directCall *call
 	token      uint64
 	answered   atomic.Bool
+	unleased   atomic.Bool // Listening said no for want of the lease
 	direct     batcher.Direct
 	deliver    messages.Deliver
 	room       batcher.Room // the batcher's entry for the delivery
@@ -380,6 +412,11 @@ func (a *admitted) Release() {
 // caller that admitted directly, while its call still waits with a's token;
 // another, until it cancels (its deadline the batcher keeps itself).
 func (a *admitted) Listening(*actor.PID) bool {
+	if !a.n.lease.holds() {
+		// Not sent without the lease: answered "not sent" (Forgotten).
+		a.unleased.Store(true)
+		return false
+	}
 	switch {
 	case a.here:
 		return a.directCall.pending.Load() == a.token
@@ -398,14 +435,24 @@ func (a *admitted) settled() {
 }
 
 // Forgotten is the batcher dropping the delivery, unsent and unanswered,
-// as its caller stopped waiting: it counts as answered in the ledger, once.
-// Nobody is answered: the caller gave up.
+// as its caller stopped waiting or the node lost its lease: it counts as
+// answered in the ledger, once. A caller that gave up is not answered; one
+// whose delivery the lease dropped is answered "not sent", and tries again.
 func (a *admitted) Forgotten(*actor.PID) {
 	if !a.answered.CompareAndSwap(false, true) {
 		return
 	}
 	a.settled()
 	n := a.n
+	if a.unleased.Load() {
+		// Dropped for want of the lease, not by its caller: it was not
+		// sent, and its caller tries again.
+		if a.here {
+			n.direct.answer(a.directCall, a.token, codec.Result{Err: errUnleased})
+		} else {
+			n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+		}
+	}
 	n.apply(n.ledger.answered(a.held))
 }
 

@@ -28,6 +28,12 @@ import (
 // owner before them and find nothing to resume, and PausedGroups can list
 // none. Such a group stays paused until its failed message's retry or
 // GroupPauseMax; resume it again once the hand-off is over.
+//
+// The request is sent only to an owner whose node answers lease probes
+// (see the package doc, Fencing), which every version that takes group
+// requests does: an owner of an earlier version is not sent it (a message
+// of a type it does not know would end its stream from this member), and
+// the call ends, at ctx's end, with an error that says so.
 func (n *Node) ResumeGroup(ctx context.Context, destination, group string) error {
 	_, err := n.groups(ctx, destination, group, true)
 	return err
@@ -51,7 +57,7 @@ func (n *Node) groups(ctx context.Context, destination, group string, resume boo
 	}
 	defer n.inflight.exit()
 	if _, ok := n.cfg.Destinations[destination]; !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownDestination, destination)
+		return nil, fmt.Errorf("%w %s", ErrUnknownDestination, clipName(destination))
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -63,11 +69,20 @@ func (n *Node) groups(ctx context.Context, destination, group string, resume boo
 	req := &clusterpb.GroupsRequest{Destination: destination, Group: group, Resume: resume}
 	backoff := minBackoff
 	for {
+		older := ""
 		switch owner := n.topo.owner(destination); owner {
 		case "":
 		case n.system.Address():
 			return n.localGroups(ctx, req)
 		default:
+			if !n.lease.speaks(owner) {
+				// It has not answered a lease probe: it may be of a
+				// version without GroupsRequest, which would end its
+				// stream from this member. Ask again: the owner may
+				// change, or answer a probe.
+				older = owner
+				break
+			}
 			answer, err := n.request(ctx, deadline, actor.NewPID(owner, endpointID), req)
 			if err != nil {
 				return nil, err
@@ -85,6 +100,9 @@ func (n *Node) groups(ctx context.Context, destination, group string, resume boo
 			// reached: ask again, the owner resolved anew.
 		}
 		if err := n.pause(ctx, deadline, backoff); err != nil {
+			if older != "" {
+				return nil, fmt.Errorf("%w (the owner, %s, has not said it takes group requests: it may run an earlier version of sinkbatch)", err, older)
+			}
 			return nil, err
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -95,7 +113,7 @@ func (n *Node) groups(ctx context.Context, destination, group string, resume boo
 func (n *Node) localGroups(ctx context.Context, req *clusterpb.GroupsRequest) ([]string, error) {
 	c, ok := n.cfg.Destinations[req.Destination]
 	if !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownDestination, req.Destination)
+		return nil, fmt.Errorf("%w %s", ErrUnknownDestination, clipName(req.Destination))
 	}
 	if req.Resume {
 		return nil, n.cfg.Instance.ResumeGroup(ctx, c, req.Group)

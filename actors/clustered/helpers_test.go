@@ -1,9 +1,3 @@
-//go:build !race
-
-// Members in one process make protoactor report data races inside itself
-// (grpclog, member list, endpoint manager) under -race; .ci/run runs these
-// tests without it, in a step of their own.
-
 package clustered_test
 
 import (
@@ -62,6 +56,9 @@ type memberOpts struct {
 	tracer trace.TracerProvider
 	// wire is the node's Config.MaxWireBytes.
 	wire int
+	// noLeases: the node answers no lease probe, as a member of a version
+	// before leases.
+	noLeases bool
 }
 
 // startMember starts one member whose destinations are names, each a fake
@@ -88,6 +85,9 @@ func startMember(t testing.TB, names []string, o memberOpts) *member {
 	m.dests = dests
 	m.node, err = clustered.New(system, clustered.Config{Instance: inst, Destinations: dests, Logger: logger, MaxWireBytes: o.wire})
 	require.NoError(t, err)
+	if o.noLeases {
+		m.node.AnswerNoLeaseProbes()
+	}
 	host := o.host
 	if host == "" {
 		host = "127.0.0.1"

@@ -193,6 +193,19 @@ func (l *ledger) request(destination string, waiter *actor.PID) handoff {
 	return handoff{destination: destination, yield: h.grain, done: l.settle(h)}
 }
 
+// grains are the destinations' grains registered here.
+func (l *ledger) grains() []*actor.PID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*actor.PID
+	for _, h := range l.dests {
+		if h.grain != nil {
+			out = append(out, h.grain)
+		}
+	}
+	return out
+}
+
 // leave stops new registrations and returns the grains to tell to yield
 // and a channel closed once nothing is held.
 func (l *ledger) leave() ([]*actor.PID, <-chan struct{}) {

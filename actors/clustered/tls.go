@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -53,7 +54,13 @@ func MutualTLS(ca *x509.CertPool, cert tls.Certificate, serverName string) *tls.
 // (Certificates, GetCertificate or GetConfigForClient) or to present when
 // it dials (Certificates or GetClientCertificate), or skips verifying the
 // servers it dials (InsecureSkipVerify without VerifyPeerCertificate or
-// VerifyConnection to verify them instead).
+// VerifyConnection to verify them instead). The options include
+// GuardReceive.
+//
+// When cfg.ServerName is set (MutualTLS sets it to the cluster's name), the
+// server side also requires the client's certificate to be valid for that
+// name, as the dialling side requires the server's: a CA that also signs
+// for other services does not let them in.
 func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 	if cfg == nil {
 		panic("sinkbatch: clustered.TLSOptions: nil *tls.Config")
@@ -74,12 +81,33 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 		server.ClientCAs = server.RootCAs
 	}
 	server.ClientAuth = tls.RequireAndVerifyClientCert
+	if name := cfg.ServerName; name != "" {
+		// A CA that signs for other services too would let all of them in:
+		// a client must hold a certificate valid for the cluster's name.
+		verify := cfg.VerifyConnection
+		server.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("sinkbatch: cluster peer presented no certificate")
+			}
+			if err := cs.PeerCertificates[0].VerifyHostname(name); err != nil {
+				return fmt.Errorf("sinkbatch: cluster peer's certificate is not for the cluster's name: %w", err)
+			}
+			if verify != nil {
+				return verify(cs)
+			}
+			return nil
+		}
+	}
 	client := cfg.Clone()
 	if client.RootCAs == nil {
 		client.RootCAs = client.ClientCAs
 	}
+	guard := GuardReceive()
 	return []remote.ConfigOption{
-		addServerOptions(grpc.Creds(credentials.NewTLS(server))),
+		func(c *remote.Config) {
+			guard(c)
+			addServerOptions(grpc.Creds(credentials.NewTLS(server)))(c)
+		},
 		remote.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(client))),
 	}
 }
@@ -89,8 +117,13 @@ func TLSOptions(cfg *tls.Config) []remote.ConfigOption {
 // remote.Configure on every member, and set Config.MaxWireBytes to the same
 // n. Like TLSOptions' server option it adds to the server options given
 // before it; remote.WithServerOptions, given after either, replaces them.
+// It includes GuardReceive.
 func ReceiveLimit(n int) remote.ConfigOption {
-	return addServerOptions(grpc.MaxRecvMsgSize(n))
+	guard := GuardReceive()
+	return func(c *remote.Config) {
+		guard(c)
+		addServerOptions(grpc.MaxRecvMsgSize(n))(c)
+	}
 }
 
 // addServerOptions adds opts to the remote's gRPC server options.

@@ -68,6 +68,19 @@ func (t *topology) ownerWithout(destination, address string) string {
 	return rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: destination, Kind: Kind})
 }
 
+// hasMember reports whether the member list holds the member id at
+// address.
+func (t *topology) hasMember(id, address string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, m := range t.list {
+		if m.Id == id && m.Address() == address {
+			return true
+		}
+	}
+	return false
+}
+
 // has reports whether address is a member hosting Kind.
 func (t *topology) has(address string) bool {
 	t.mu.RLock()

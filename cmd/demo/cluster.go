@@ -194,9 +194,12 @@ func startClusterMember(i int, logger *slog.Logger, srv *clusterServer, ca *clus
 	// per peer, which every garbage collection scans.
 	rc := remote.Configure("127.0.0.1", remotePort, append(clustered.TLSOptions(clustered.MutualTLS(ca.pool, cert, clusterServerName)),
 		remote.WithEndpointWriterQueueSize(1024))...)
+	// The remote settings a member should have: TLSOptions (mutual TLS,
+	// the peer's certificate name checked, and clustered.GuardReceive so
+	// that no peer's message can end the process), and MaxRetryCount 1:
 	// protoactor retries a failed connection MaxRetryCount times, 2 s
-	// apart, and its shutdown waits for that: one retry keeps the end of
-	// the run short once the killed member is unreachable.
+	// apart, while every message to that member waits (Attach warns about
+	// more), and its shutdown waits for that too.
 	rc.MaxRetryCount = 1
 	provider := automanaged.NewWithConfig(250*time.Millisecond, healthPort, hosts...)
 	m.cluster = cluster.New(m.system, cluster.Configure("sinkbatch-demo", provider, disthash.New(), rc, cluster.WithKinds(m.node.Kind())))

@@ -466,9 +466,18 @@ func (x *DeliverReply) GetCall() uint32 {
 // DeliverReplies carries an owner's answers to one sender: what was
 // answered while the owner's previous DeliverReplies to that sender waited
 // to be written.
+//
+// lease_probe and lease_answer carry the ownership lease between nodes
+// (see the package doc). They ride in a DeliverReplies, which every member
+// knows and whose replies it takes one by one, so that a member of a
+// version before them takes one with no replies as nothing at all: a
+// message of a type it does not know would end its stream from the sender.
+// A node that answers a probe knows every message of this file.
 type DeliverReplies struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Replies       []*DeliverReply        `protobuf:"bytes,1,rep,name=replies" json:"replies,omitempty"`
+	LeaseProbe    *LeaseProbe            `protobuf:"bytes,2,opt,name=lease_probe,json=leaseProbe" json:"lease_probe,omitempty"`
+	LeaseAnswer   *LeaseAnswer           `protobuf:"bytes,3,opt,name=lease_answer,json=leaseAnswer" json:"lease_answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -510,6 +519,148 @@ func (x *DeliverReplies) GetReplies() []*DeliverReply {
 	return nil
 }
 
+func (x *DeliverReplies) GetLeaseProbe() *LeaseProbe {
+	if x != nil {
+		return x.LeaseProbe
+	}
+	return nil
+}
+
+func (x *DeliverReplies) GetLeaseAnswer() *LeaseAnswer {
+	if x != nil {
+		return x.LeaseAnswer
+	}
+	return nil
+}
+
+// LeaseProbe asks a member whether its member list still holds the
+// sender's member (member_id at the sender's address). sent_nanos is the
+// sender's monotonic clock when it sent the probe: echoed, it dates the
+// answer on the sender's own clock.
+type LeaseProbe struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId" json:"member_id,omitempty"`
+	SentNanos     int64                  `protobuf:"varint,2,opt,name=sent_nanos,json=sentNanos" json:"sent_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseProbe) Reset() {
+	*x = LeaseProbe{}
+	mi := &file_clusterpb_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseProbe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseProbe) ProtoMessage() {}
+
+func (x *LeaseProbe) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseProbe.ProtoReflect.Descriptor instead.
+func (*LeaseProbe) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LeaseProbe) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *LeaseProbe) GetSentNanos() int64 {
+	if x != nil {
+		return x.SentNanos
+	}
+	return 0
+}
+
+// LeaseAnswer answers a LeaseProbe: member_id and sent_nanos are the
+// probe's; includes, whether the answerer's member list holds that member;
+// excluded, whether the answerer's cluster dropped it for good (protoactor
+// never takes a dropped member back).
+type LeaseAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId" json:"member_id,omitempty"`
+	SentNanos     int64                  `protobuf:"varint,2,opt,name=sent_nanos,json=sentNanos" json:"sent_nanos,omitempty"`
+	Includes      bool                   `protobuf:"varint,3,opt,name=includes" json:"includes,omitempty"`
+	Excluded      bool                   `protobuf:"varint,4,opt,name=excluded" json:"excluded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseAnswer) Reset() {
+	*x = LeaseAnswer{}
+	mi := &file_clusterpb_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseAnswer) ProtoMessage() {}
+
+func (x *LeaseAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterpb_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseAnswer.ProtoReflect.Descriptor instead.
+func (*LeaseAnswer) Descriptor() ([]byte, []int) {
+	return file_clusterpb_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LeaseAnswer) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *LeaseAnswer) GetSentNanos() int64 {
+	if x != nil {
+		return x.SentNanos
+	}
+	return 0
+}
+
+func (x *LeaseAnswer) GetIncludes() bool {
+	if x != nil {
+		return x.Includes
+	}
+	return false
+}
+
+func (x *LeaseAnswer) GetExcluded() bool {
+	if x != nil {
+		return x.Excluded
+	}
+	return false
+}
+
 // Error is a delivery's error as the caller branches on it: its text, the
 // sentinels it wraps, whether it is permanent, and the typed errors in its
 // chain with their fields.
@@ -527,7 +678,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_clusterpb_proto_msgTypes[5]
+	mi := &file_clusterpb_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +690,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[5]
+	mi := &file_clusterpb_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +703,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{5}
+	return file_clusterpb_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Error) GetText() string {
@@ -608,7 +759,7 @@ type RetryAfter struct {
 
 func (x *RetryAfter) Reset() {
 	*x = RetryAfter{}
-	mi := &file_clusterpb_proto_msgTypes[6]
+	mi := &file_clusterpb_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +771,7 @@ func (x *RetryAfter) String() string {
 func (*RetryAfter) ProtoMessage() {}
 
 func (x *RetryAfter) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[6]
+	mi := &file_clusterpb_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +784,7 @@ func (x *RetryAfter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAfter.ProtoReflect.Descriptor instead.
 func (*RetryAfter) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{6}
+	return file_clusterpb_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RetryAfter) GetAfterNanos() int64 {
@@ -663,7 +814,7 @@ type EntryError struct {
 
 func (x *EntryError) Reset() {
 	*x = EntryError{}
-	mi := &file_clusterpb_proto_msgTypes[7]
+	mi := &file_clusterpb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +826,7 @@ func (x *EntryError) String() string {
 func (*EntryError) ProtoMessage() {}
 
 func (x *EntryError) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[7]
+	mi := &file_clusterpb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +839,7 @@ func (x *EntryError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryError.ProtoReflect.Descriptor instead.
 func (*EntryError) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{7}
+	return file_clusterpb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EntryError) GetCode() string {
@@ -730,7 +881,7 @@ type GroupPaused struct {
 
 func (x *GroupPaused) Reset() {
 	*x = GroupPaused{}
-	mi := &file_clusterpb_proto_msgTypes[8]
+	mi := &file_clusterpb_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +893,7 @@ func (x *GroupPaused) String() string {
 func (*GroupPaused) ProtoMessage() {}
 
 func (x *GroupPaused) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[8]
+	mi := &file_clusterpb_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +906,7 @@ func (x *GroupPaused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupPaused.ProtoReflect.Descriptor instead.
 func (*GroupPaused) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{8}
+	return file_clusterpb_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GroupPaused) GetGroup() string {
@@ -784,7 +935,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_clusterpb_proto_msgTypes[9]
+	mi := &file_clusterpb_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +947,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[9]
+	mi := &file_clusterpb_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +960,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{9}
+	return file_clusterpb_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HandoffRequest) GetDestination() string {
@@ -833,7 +984,7 @@ type HandoffDone struct {
 
 func (x *HandoffDone) Reset() {
 	*x = HandoffDone{}
-	mi := &file_clusterpb_proto_msgTypes[10]
+	mi := &file_clusterpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +996,7 @@ func (x *HandoffDone) String() string {
 func (*HandoffDone) ProtoMessage() {}
 
 func (x *HandoffDone) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[10]
+	mi := &file_clusterpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1009,7 @@ func (x *HandoffDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffDone.ProtoReflect.Descriptor instead.
 func (*HandoffDone) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{10}
+	return file_clusterpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HandoffDone) GetDestination() string {
@@ -895,7 +1046,7 @@ type PausedGroup struct {
 
 func (x *PausedGroup) Reset() {
 	*x = PausedGroup{}
-	mi := &file_clusterpb_proto_msgTypes[11]
+	mi := &file_clusterpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1058,7 @@ func (x *PausedGroup) String() string {
 func (*PausedGroup) ProtoMessage() {}
 
 func (x *PausedGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[11]
+	mi := &file_clusterpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1071,7 @@ func (x *PausedGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PausedGroup.ProtoReflect.Descriptor instead.
 func (*PausedGroup) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{11}
+	return file_clusterpb_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PausedGroup) GetGroup() string {
@@ -958,7 +1109,7 @@ type GroupsRequest struct {
 
 func (x *GroupsRequest) Reset() {
 	*x = GroupsRequest{}
-	mi := &file_clusterpb_proto_msgTypes[12]
+	mi := &file_clusterpb_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1121,7 @@ func (x *GroupsRequest) String() string {
 func (*GroupsRequest) ProtoMessage() {}
 
 func (x *GroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[12]
+	mi := &file_clusterpb_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1134,7 @@ func (x *GroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupsRequest.ProtoReflect.Descriptor instead.
 func (*GroupsRequest) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{12}
+	return file_clusterpb_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GroupsRequest) GetDestination() string {
@@ -1019,7 +1170,7 @@ type GroupsReply struct {
 
 func (x *GroupsReply) Reset() {
 	*x = GroupsReply{}
-	mi := &file_clusterpb_proto_msgTypes[13]
+	mi := &file_clusterpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1182,7 @@ func (x *GroupsReply) String() string {
 func (*GroupsReply) ProtoMessage() {}
 
 func (x *GroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[13]
+	mi := &file_clusterpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1195,7 @@ func (x *GroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupsReply.ProtoReflect.Descriptor instead.
 func (*GroupsReply) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{13}
+	return file_clusterpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GroupsReply) GetPaused() []string {
@@ -1075,7 +1226,7 @@ type CancelDelivery struct {
 
 func (x *CancelDelivery) Reset() {
 	*x = CancelDelivery{}
-	mi := &file_clusterpb_proto_msgTypes[14]
+	mi := &file_clusterpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1238,7 @@ func (x *CancelDelivery) String() string {
 func (*CancelDelivery) ProtoMessage() {}
 
 func (x *CancelDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterpb_proto_msgTypes[14]
+	mi := &file_clusterpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1251,7 @@ func (x *CancelDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelDelivery.ProtoReflect.Descriptor instead.
 func (*CancelDelivery) Descriptor() ([]byte, []int) {
-	return file_clusterpb_proto_rawDescGZIP(), []int{14}
+	return file_clusterpb_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelDelivery) GetCall() uint32 {
@@ -1154,9 +1305,23 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1a\n" +
 	"\bsequence\x18\x03 \x01(\tR\bsequence\x123\n" +
 	"\x05error\x18\x04 \x01(\v2\x1d.sinkbatch.clustered.v1.ErrorR\x05error\x12\x12\n" +
-	"\x04call\x18\x05 \x01(\rR\x04call\"P\n" +
+	"\x04call\x18\x05 \x01(\rR\x04call\"\xdd\x01\n" +
 	"\x0eDeliverReplies\x12>\n" +
-	"\areplies\x18\x01 \x03(\v2$.sinkbatch.clustered.v1.DeliverReplyR\areplies\"\xc0\x02\n" +
+	"\areplies\x18\x01 \x03(\v2$.sinkbatch.clustered.v1.DeliverReplyR\areplies\x12C\n" +
+	"\vlease_probe\x18\x02 \x01(\v2\".sinkbatch.clustered.v1.LeaseProbeR\n" +
+	"leaseProbe\x12F\n" +
+	"\flease_answer\x18\x03 \x01(\v2#.sinkbatch.clustered.v1.LeaseAnswerR\vleaseAnswer\"H\n" +
+	"\n" +
+	"LeaseProbe\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x1d\n" +
+	"\n" +
+	"sent_nanos\x18\x02 \x01(\x03R\tsentNanos\"\x81\x01\n" +
+	"\vLeaseAnswer\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x1d\n" +
+	"\n" +
+	"sent_nanos\x18\x02 \x01(\x03R\tsentNanos\x12\x1a\n" +
+	"\bincludes\x18\x03 \x01(\bR\bincludes\x12\x1a\n" +
+	"\bexcluded\x18\x04 \x01(\bR\bexcluded\"\xc0\x02\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12>\n" +
 	"\tsentinels\x18\x02 \x03(\x0e2 .sinkbatch.clustered.v1.SentinelR\tsentinels\x12\x1c\n" +
@@ -1231,7 +1396,7 @@ func file_clusterpb_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterpb_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_clusterpb_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_clusterpb_proto_goTypes = []any{
 	(Sentinel)(0),          // 0: sinkbatch.clustered.v1.Sentinel
 	(*DeliverBatch)(nil),   // 1: sinkbatch.clustered.v1.DeliverBatch
@@ -1239,36 +1404,40 @@ var file_clusterpb_proto_goTypes = []any{
 	(*SpanContext)(nil),    // 3: sinkbatch.clustered.v1.SpanContext
 	(*DeliverReply)(nil),   // 4: sinkbatch.clustered.v1.DeliverReply
 	(*DeliverReplies)(nil), // 5: sinkbatch.clustered.v1.DeliverReplies
-	(*Error)(nil),          // 6: sinkbatch.clustered.v1.Error
-	(*RetryAfter)(nil),     // 7: sinkbatch.clustered.v1.RetryAfter
-	(*EntryError)(nil),     // 8: sinkbatch.clustered.v1.EntryError
-	(*GroupPaused)(nil),    // 9: sinkbatch.clustered.v1.GroupPaused
-	(*HandoffRequest)(nil), // 10: sinkbatch.clustered.v1.HandoffRequest
-	(*HandoffDone)(nil),    // 11: sinkbatch.clustered.v1.HandoffDone
-	(*PausedGroup)(nil),    // 12: sinkbatch.clustered.v1.PausedGroup
-	(*GroupsRequest)(nil),  // 13: sinkbatch.clustered.v1.GroupsRequest
-	(*GroupsReply)(nil),    // 14: sinkbatch.clustered.v1.GroupsReply
-	(*CancelDelivery)(nil), // 15: sinkbatch.clustered.v1.CancelDelivery
-	nil,                    // 16: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	(*LeaseProbe)(nil),     // 6: sinkbatch.clustered.v1.LeaseProbe
+	(*LeaseAnswer)(nil),    // 7: sinkbatch.clustered.v1.LeaseAnswer
+	(*Error)(nil),          // 8: sinkbatch.clustered.v1.Error
+	(*RetryAfter)(nil),     // 9: sinkbatch.clustered.v1.RetryAfter
+	(*EntryError)(nil),     // 10: sinkbatch.clustered.v1.EntryError
+	(*GroupPaused)(nil),    // 11: sinkbatch.clustered.v1.GroupPaused
+	(*HandoffRequest)(nil), // 12: sinkbatch.clustered.v1.HandoffRequest
+	(*HandoffDone)(nil),    // 13: sinkbatch.clustered.v1.HandoffDone
+	(*PausedGroup)(nil),    // 14: sinkbatch.clustered.v1.PausedGroup
+	(*GroupsRequest)(nil),  // 15: sinkbatch.clustered.v1.GroupsRequest
+	(*GroupsReply)(nil),    // 16: sinkbatch.clustered.v1.GroupsReply
+	(*CancelDelivery)(nil), // 17: sinkbatch.clustered.v1.CancelDelivery
+	nil,                    // 18: sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 }
 var file_clusterpb_proto_depIdxs = []int32{
 	2,  // 0: sinkbatch.clustered.v1.DeliverBatch.requests:type_name -> sinkbatch.clustered.v1.DeliverRequest
-	15, // 1: sinkbatch.clustered.v1.DeliverBatch.cancels:type_name -> sinkbatch.clustered.v1.CancelDelivery
-	16, // 2: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
+	17, // 1: sinkbatch.clustered.v1.DeliverBatch.cancels:type_name -> sinkbatch.clustered.v1.CancelDelivery
+	18, // 2: sinkbatch.clustered.v1.DeliverRequest.attributes:type_name -> sinkbatch.clustered.v1.DeliverRequest.AttributesEntry
 	3,  // 3: sinkbatch.clustered.v1.DeliverRequest.parent:type_name -> sinkbatch.clustered.v1.SpanContext
-	6,  // 4: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
+	8,  // 4: sinkbatch.clustered.v1.DeliverReply.error:type_name -> sinkbatch.clustered.v1.Error
 	4,  // 5: sinkbatch.clustered.v1.DeliverReplies.replies:type_name -> sinkbatch.clustered.v1.DeliverReply
-	0,  // 6: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
-	7,  // 7: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
-	8,  // 8: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
-	9,  // 9: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
-	12, // 10: sinkbatch.clustered.v1.HandoffDone.paused:type_name -> sinkbatch.clustered.v1.PausedGroup
-	6,  // 11: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 6: sinkbatch.clustered.v1.DeliverReplies.lease_probe:type_name -> sinkbatch.clustered.v1.LeaseProbe
+	7,  // 7: sinkbatch.clustered.v1.DeliverReplies.lease_answer:type_name -> sinkbatch.clustered.v1.LeaseAnswer
+	0,  // 8: sinkbatch.clustered.v1.Error.sentinels:type_name -> sinkbatch.clustered.v1.Sentinel
+	9,  // 9: sinkbatch.clustered.v1.Error.retry_after:type_name -> sinkbatch.clustered.v1.RetryAfter
+	10, // 10: sinkbatch.clustered.v1.Error.entry:type_name -> sinkbatch.clustered.v1.EntryError
+	11, // 11: sinkbatch.clustered.v1.Error.group_paused:type_name -> sinkbatch.clustered.v1.GroupPaused
+	14, // 12: sinkbatch.clustered.v1.HandoffDone.paused:type_name -> sinkbatch.clustered.v1.PausedGroup
+	8,  // 13: sinkbatch.clustered.v1.GroupsReply.error:type_name -> sinkbatch.clustered.v1.Error
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_clusterpb_proto_init() }
@@ -1282,7 +1451,7 @@ func file_clusterpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterpb_proto_rawDesc), len(file_clusterpb_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -27,7 +27,7 @@ import (
 // another destination (another queue, other credentials), and a write to
 // the map racing a delivery could crash the process (Go's concurrent map
 // access check).
-func TestAdv13DestinationsAreTheNodesOwnAfterNew(t *testing.T) {
+func TestDestinationsAreTheNodesOwnAfterNew(t *testing.T) {
 	names := []string{"kept", "swapped", "dropped"}
 	ms := startTestCluster(t, 2, names, memberOpts{})
 	other := fakecodec.New("other", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
@@ -62,7 +62,7 @@ func TestAdv13DestinationsAreTheNodesOwnAfterNew(t *testing.T) {
 // A typed nil codec (a nil *sqs.Codec in an interface) is refused by New,
 // as an untyped nil is; before, New took it and every delivery to its name
 // was refused later, on whichever member owned it.
-func TestAdv13TypedNilCodecIsRefusedByNew(t *testing.T) {
+func TestTypedNilCodecIsRefusedByNew(t *testing.T) {
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
 	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
 	require.NoError(t, err)
@@ -80,7 +80,7 @@ func TestAdv13TypedNilCodecIsRefusedByNew(t *testing.T) {
 // accepts, and one whose codec panics when asked for them, naming the
 // destination: every member would otherwise start, and each delivery to it
 // be refused, permanently, on whichever member owns it.
-func TestAdv14BadCodecIsRefusedByNew(t *testing.T) {
+func TestBadCodecIsRefusedByNew(t *testing.T) {
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
 	inst, err := actors.Start(system, actors.Config{Logger: quiet()})
 	require.NoError(t, err)

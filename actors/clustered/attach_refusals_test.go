@@ -28,7 +28,7 @@ import (
 // runs: each delivery waited out its caller's whole deadline and ended
 // ErrUnreachable, nothing was sent, and Leave then failed waiting for
 // answers that never came.
-func TestAdv14InstanceOfAnotherSystemIsRefused(t *testing.T) {
+func TestInstanceOfAnotherSystemIsRefused(t *testing.T) {
 	newSystem := func() *actor.ActorSystem {
 		return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
 	}
@@ -81,7 +81,7 @@ func testCluster(system *actor.ActorSystem, kinds ...*cluster.Kind) *cluster.Clu
 // own (a kind made by hand, or another node's): its grains would not be
 // this node's. Before, Attach took it, and each grain then ran another
 // node's code, or none of sinkbatch's.
-func TestAdv14AttachRefusesAForeignKind(t *testing.T) {
+func TestAttachRefusesAForeignKind(t *testing.T) {
 	system, n, _ := unattached(t)
 	foreign := cluster.NewKind(clustered.Kind, actor.PropsFromFunc(func(actor.Context) {}))
 	err := n.Attach(testCluster(system, foreign))
@@ -91,7 +91,7 @@ func TestAdv14AttachRefusesAForeignKind(t *testing.T) {
 
 // Attach refuses a node that has left: its grains would yield at once, and
 // no later Leave would shut the cluster down. Before, Attach took it.
-func TestAdv14AttachAfterLeaveIsRefused(t *testing.T) {
+func TestAttachAfterLeaveIsRefused(t *testing.T) {
 	system, n, _ := unattached(t)
 	require.NoError(t, n.Leave(context.Background()))
 	err := n.Attach(testCluster(system, n.Kind()))
@@ -103,7 +103,7 @@ func TestAdv14AttachAfterLeaveIsRefused(t *testing.T) {
 // ends, as a second Instance.Stop does; once the first is done, a later
 // call returns the first's result at once. Before, every later call
 // waited inside the first's sync.Once for all of it, whatever its own ctx.
-func TestAdv14SecondLeaveKeepsItsOwnCtx(t *testing.T) {
+func TestSecondLeaveKeepsItsOwnCtx(t *testing.T) {
 	system, n, c := unattached(t)
 	release := make(chan struct{})
 	c.Hook = func(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {

@@ -16,7 +16,7 @@ import (
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 )
 
-// TestAdv11StringsThatAreNotUTF8CrossTheWire attacks the wire with what
+// TestStringsThatAreNotUTF8CrossTheWire attacks the wire with what
 // protobuf refuses to write: strings that are not UTF-8. A local instance
 // hands a message's tenant, group, key and attributes to the codec as they
 // are, and a codec's ids and error texts to the caller; so must a cluster.
@@ -24,7 +24,7 @@ import (
 // writer drop its whole batch (and one such answer every answer written
 // with it): each of those callers waited out its deadline for
 // ErrUnreachable.
-func TestAdv11StringsThatAreNotUTF8CrossTheWire(t *testing.T) {
+func TestStringsThatAreNotUTF8CrossTheWire(t *testing.T) {
 	bad := string([]byte{0xff, 0xfe, 'x'})
 	ms := startTestCluster(t, 2, []string{"dest"}, memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})

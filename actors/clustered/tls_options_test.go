@@ -37,7 +37,7 @@ const systemRootsMarker = "SINKBATCH_TEST_OWN_SYSTEM_ROOTS"
 // provider's topology routed to it. The test runs in a process of its
 // own whose system roots are one CA it makes (SSL_CERT_FILE), which
 // stands for a public CA.
-func TestAdv15TLSOptionsVerifiesServersByTheClusterCA(t *testing.T) {
+func TestTLSOptionsVerifiesServersByTheClusterCA(t *testing.T) {
 	if os.Getenv(systemRootsMarker) == "" {
 		cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), systemRootsMarker+"=1")
@@ -100,7 +100,7 @@ func TestAdv15TLSOptionsVerifiesServersByTheClusterCA(t *testing.T) {
 // InsecureSkipVerify and no verifier of its own it sent deliveries to any
 // server the provider listed. Configs that serve, dial and verify are
 // taken, rotating certificates included.
-func TestAdv15TLSOptionsRefusesWhatCannotServeDialOrVerify(t *testing.T) {
+func TestTLSOptionsRefusesWhatCannotServeDialOrVerify(t *testing.T) {
 	pool := x509.NewCertPool()
 	cert := tls.Certificate{Certificate: [][]byte{{1}}} // read by the handshake, not by TLSOptions
 	serve := func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }

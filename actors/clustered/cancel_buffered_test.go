@@ -23,7 +23,7 @@ import (
 // until the delivery is admitted, which then finds it. A delivery of the
 // same caller's member that was not cancelled is sent, after the old
 // owner's request ended.
-func TestAdv16ACancelReachesADeliveryBufferedForAHandoff(t *testing.T) {
+func TestACancelReachesADeliveryBufferedForAHandoff(t *testing.T) {
 	const hold = 3 * time.Second // the old owner's request in flight
 	var mu sync.Mutex
 	sentAt := map[string]time.Time{} // each body's request end, at every member

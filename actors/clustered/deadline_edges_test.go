@@ -40,7 +40,7 @@ func (lying) Err() error                    { return nil }
 // delivery, not even at its deadline): Deliver returns ErrUnreachable with
 // context.DeadlineExceeded soon after the deadline the ctx reports. Before,
 // it waited on the ctx's Done alone, so it waited until the node left.
-func TestAdv7ADeadlineWhoseDoneNeverClosesIsKept(t *testing.T) {
+func TestADeadlineWhoseDoneNeverClosesIsKept(t *testing.T) {
 	const silent = "to the silent owner"
 	hang := make(chan struct{})
 	dests := names(8)
@@ -94,7 +94,7 @@ func TestAdv7ADeadlineWhoseDoneNeverClosesIsKept(t *testing.T) {
 // never decodes one), are bad input: a sender waiting is answered at once
 // with messages.ErrNotDeliver, and the member serves the next delivery.
 // Before, each was dereferenced on the sender's goroutine.
-func TestAdv7TypedNilMessagesToTheNodeAreHarmless(t *testing.T) {
+func TestTypedNilMessagesToTheNodeAreHarmless(t *testing.T) {
 	m := startTestCluster(t, 1, []string{"plain"}, memberOpts{})[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -23,7 +23,7 @@ import (
 // without ClientAuth), or with one nobody issued (RequireAnyClientCert):
 // anyone who reaches it can publish, as with plaintext. Before, only
 // plaintext was warned about. A member with MutualTLS is not warned about.
-func TestAdv14AttachWarnsAboutTLSWithoutClientCerts(t *testing.T) {
+func TestAttachWarnsAboutTLSWithoutClientCerts(t *testing.T) {
 	ca := newAuthority(t, "cluster")
 	var logs testinst.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))

@@ -22,7 +22,7 @@ import (
 // messages.ErrStopped at once (never sent, so safe to try again), every
 // other delivery is sent, nobody waits for a deadline, and Leave still
 // hands the destinations off, after which they are served again.
-func TestAdv13InstanceStoppedBeforeLeave(t *testing.T) {
+func TestInstanceStoppedBeforeLeave(t *testing.T) {
 	const dests, callers, each = 6, 40, 10
 	ms := startTestCluster(t, 2, names(dests), memberOpts{codec: func(name string) codec.Codec { return benchCodec(name, 50*time.Millisecond) }})
 	owner, other := ownerOf(t, ms, "dest-0")

@@ -23,7 +23,7 @@ import (
 // is done. That caller's message was never admitted; it must be answered,
 // not bounce on its own member until its deadline while Leave waits for it
 // until Leave's ctx ends.
-func TestAdv5LeaveAnswersItsOwnCallerWaitingForAHandOff(t *testing.T) {
+func TestLeaveAnswersItsOwnCallerWaitingForAHandOff(t *testing.T) {
 	agent := test.NewInMemAgent()
 	provider := func() memberOpts {
 		return memberOpts{noCleanup: true, provider: test.NewTestProvider(agent,

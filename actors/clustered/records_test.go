@@ -19,14 +19,14 @@ import (
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
 )
 
-// TestAdv9RecycledRecordsAnswerTheirOwnCaller attacks the owner's pooled
+// TestRecycledRecordsAnswerTheirOwnCaller attacks the owner's pooled
 // records (an admitted delivery's record serves another once the batcher
 // lets go of it): round after round, callers on every member deliver
 // messages that succeed, fail permanently, or expire before they are sent,
 // and every answer must be the caller's own. A record recycled while its
 // answer or its entry was still in use would hand one caller another's id,
 // or another's error.
-func TestAdv9RecycledRecordsAnswerTheirOwnCaller(t *testing.T) {
+func TestRecycledRecordsAnswerTheirOwnCaller(t *testing.T) {
 	errBad := codec.Permanent(errors.New("refused by the test"))
 	ms := startTestCluster(t, 3, []string{"dest"}, memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})

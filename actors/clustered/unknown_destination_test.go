@@ -23,7 +23,7 @@ import (
 // delivery took the caller's whole deadline and ended ErrUnreachable
 // (ambiguous: "it may have been sent"). The names the member does know,
 // and the other member owns, still work.
-func TestAdv14OwnerWithoutTheNameAnswersUnknown(t *testing.T) {
+func TestOwnerWithoutTheNameAnswersUnknown(t *testing.T) {
 	pool := names(16)
 	agent := test.NewInMemAgent()
 	provider := func() memberOpts {

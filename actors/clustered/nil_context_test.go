@@ -18,7 +18,7 @@ import (
 // start leaving (the member stopped admitting and yielded its grains) and
 // then panic on ctx.Done(), with the member neither in the cluster's
 // service nor out of it.
-func TestAdv14NilContextIsRefusedByTheNode(t *testing.T) {
+func TestNilContextIsRefusedByTheNode(t *testing.T) {
 	ms := startTestCluster(t, 2, []string{"d"}, memberOpts{})
 	var nilCtx context.Context
 	for i, m := range ms {

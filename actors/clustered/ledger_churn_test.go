@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestAdv10CallersCloseUnderChurn: many goroutines enter and exit while
+// TestCallersCloseUnderChurn: many goroutines enter and exit while
 // Leave closes the count. close's channel must close only once every
 // caller that entered has exited, never twice (a panic), and no enter
 // succeeds after close. Run under -race.
-func TestAdv10CallersCloseUnderChurn(t *testing.T) {
+func TestCallersCloseUnderChurn(t *testing.T) {
 	for round := range 300 {
 		var c callers
 		var inside atomic.Int64
@@ -68,7 +68,7 @@ func TestAdv10CallersCloseUnderChurn(t *testing.T) {
 	}
 }
 
-// TestAdv10LedgerRounds: the same destination goes through many rounds
+// TestLedgerRounds: the same destination goes through many rounds
 // on one member: a grain registers, opens (in a topology version that
 // sometimes moves on under the callers), and is then closed by one of a
 // hand-off request from a peer, the grain yielding, or a newer version
@@ -76,7 +76,7 @@ func TestAdv10CallersCloseUnderChurn(t *testing.T) {
 // time. Invariants: a waiter is told HandoffDone exactly once, only when
 // nothing admitted is unanswered, and no caller admits between a
 // HandoffDone and the next round's open. Run under -race.
-func TestAdv10LedgerRounds(t *testing.T) {
+func TestLedgerRounds(t *testing.T) {
 	l := newLedger()
 	var version atomic.Uint64
 	version.Store(1)

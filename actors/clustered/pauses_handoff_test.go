@@ -38,7 +38,7 @@ func grainOn(t *testing.T, m *member, destination string) *actor.PID {
 // Before, such a grain ignored it, and the groups were no longer paused
 // anywhere: the next message of each was sent. (It takes a race: the old
 // owner finishes its drain just as the grain that asked stops waiting.)
-func TestAdv15PausesReachingAGrainThatNoLongerWaitsAreKept(t *testing.T) {
+func TestPausesReachingAGrainThatNoLongerWaitsAreKept(t *testing.T) {
 	ms := startTestCluster(t, 2, []string{"x"}, memberOpts{codec: strictCodecs()})
 	owner, other := ownerOf(t, ms, "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -71,7 +71,7 @@ func splitByOwner(t *testing.T, ms []*member, destination string) (owner *member
 // message's key, and nothing of the group is sent), and the failed
 // message's retry, from yet another member, resumes it. The destination
 // receives the group in the order its callers saw it answered.
-func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
+func TestStrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
 	owner, others := splitByOwner(t, ms, "strict")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -115,7 +115,7 @@ func TestAdv13StrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 // every member, resumed from a member that does not own the destination,
 // and its next delivery, from any member, is then admitted although the
 // failed message was never retried.
-func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
+func TestResumeGroupFromAnyMember(t *testing.T) {
 	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
 	owner, others := splitByOwner(t, ms, "strict")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -161,7 +161,7 @@ func TestAdv13ResumeGroupFromAnyMember(t *testing.T) {
 // from every member, until that message's retry, which is sent first.
 // Before, the new owner's batcher knew of no pause and sent the group's
 // next message before the failed one's retry.
-func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
+func TestStrictGroupPauseSurvivesALeave(t *testing.T) {
 	dests := names(12)
 	ms := startTestCluster(t, 3, dests, memberOpts{codec: strictCodecs()})
 	// The leaver is the member that owns the most destinations.
@@ -222,7 +222,7 @@ func TestAdv13StrictGroupPauseSurvivesALeave(t *testing.T) {
 // admit anything (the old owner's HandoffDone carries them), until each
 // failed message's retry; the old owners keep no pause of the groups they
 // handed over.
-func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
+func TestStrictGroupPauseSurvivesAJoin(t *testing.T) {
 	dests := names(24)
 	agent := test.NewInMemAgent()
 	o := memberOpts{codec: strictCodecs(), noCleanup: true}
@@ -279,7 +279,7 @@ func TestAdv13StrictGroupPauseSurvivesAJoin(t *testing.T) {
 // error, by its deadline; once the provider drops the member, the owner
 // resolved anew answers (with nothing to resume: the pause died with its
 // member).
-func TestAdv13ResumeGroupWhenTheOwnerIsSilent(t *testing.T) {
+func TestResumeGroupWhenTheOwnerIsSilent(t *testing.T) {
 	ms := startTestCluster(t, 3, []string{"strict"}, memberOpts{codec: strictCodecs()})
 	owner, others := splitByOwner(t, ms, "strict")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -62,13 +62,13 @@ func bodyIDs(latency time.Duration, overlaps *atomic.Int64) memberOpts {
 	}}
 }
 
-// TestAdv10LeaveWithOwnDirectCallers: the owner's own callers admit
+// TestLeaveWithOwnDirectCallers: the owner's own callers admit
 // directly while it leaves. Leave (with time to spare) must wait for
 // everything admitted: it returns nil, every caller is answered with its
 // own result or ErrStopped (not sent: such a message must not be at the
 // destination), nothing is sent after Leave returned, and every success
 // is at the destination.
-func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
+func TestLeaveWithOwnDirectCallers(t *testing.T) {
 	m := openedAlone(t, bodyIDs(2*time.Millisecond, nil))
 
 	l := startDirectLoad(m, 64, 4)
@@ -103,12 +103,12 @@ func TestAdv10LeaveWithOwnDirectCallers(t *testing.T) {
 	t.Logf("%d acknowledged, %d stopped, %d sent", len(l.acked), len(l.stopped), len(sent))
 }
 
-// TestAdv10VersionStormOwnResults: the owner's topology version moves on
+// TestATopologyVersionStormAnswersEachCallerItsOwn: the owner's topology version moves on
 // every few hundred microseconds (closing the door each time) while its
 // own callers and the other member's deliver. Every delivery succeeds,
 // with its own id, exactly once at the destination, and no group ever has
 // two requests in flight.
-func TestAdv10VersionStormOwnResults(t *testing.T) {
+func TestATopologyVersionStormAnswersEachCallerItsOwn(t *testing.T) {
 	var overlaps atomic.Int64
 	ms := startTestCluster(t, 2, []string{"d"}, bodyIDs(time.Millisecond, &overlaps))
 	owner, other := ownerOf(t, ms, "d")
@@ -176,12 +176,12 @@ func TestAdv10VersionStormOwnResults(t *testing.T) {
 	t.Logf("%d ok, %d sent by the owner, %d by the other", ok, len(owner.fake("d").Sent()), len(other.fake("d").Sent()))
 }
 
-// TestAdv10LeaveGivesUpUnderDirectLoad: Leave's ctx ends while the
+// TestLeaveGivesUpUnderDirectLoad: Leave's ctx ends while the
 // owner's own callers keep admitting directly (and keep arriving, some
 // between their ledger count and their call). Every caller is answered at
 // once: ErrUnreachable (may have been sent) or ErrStopped (not sent, and
 // then not at the destination), or its own result.
-func TestAdv10LeaveGivesUpUnderDirectLoad(t *testing.T) {
+func TestLeaveGivesUpUnderDirectLoad(t *testing.T) {
 	m := openedAlone(t, bodyIDs(400*time.Millisecond, nil))
 
 	l := startDirectLoad(m, 64, 64)

@@ -20,7 +20,7 @@ import (
 // has those deliveries wait for the topology and then go through, each
 // once, within their deadlines: none is lost, refused or answered
 // ErrUnreachable because the member was not ready yet.
-func TestAdv14DeliveriesBeforeAttachWaitForIt(t *testing.T) {
+func TestDeliveriesBeforeAttachWaitForIt(t *testing.T) {
 	system, n, c := unattached(t)
 	const callers = 20
 	errs := make([]error, callers)

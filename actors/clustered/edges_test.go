@@ -24,7 +24,7 @@ import (
 // Before, a nil *Deliver crashed the process (a nil dereference on a
 // goroutine of the node) and the rest were dropped without an answer, so
 // their senders waited for their own timeouts.
-func TestAdv5ActorFormAnswersWhatIsNotADeliverAtOnce(t *testing.T) {
+func TestActorFormAnswersWhatIsNotADeliverAtOnce(t *testing.T) {
 	m := startTestCluster(t, 1, []string{"plain"}, memberOpts{})[0]
 	for _, tc := range []struct {
 		name string
@@ -56,7 +56,7 @@ func TestAdv5ActorFormAnswersWhatIsNotADeliverAtOnce(t *testing.T) {
 // both members (one owns each, the other goes across the wire): each is
 // its own destination and is sent; a name just outside is refused by New,
 // and one not registered by Deliver, at once.
-func TestAdv5DestinationNamesAtTheEdges(t *testing.T) {
+func TestDestinationNamesAtTheEdges(t *testing.T) {
 	edge := []string{".", "..", "-", "_", strings.Repeat("a", 200), "A.b-C_9", "0"}
 	ms := startTestCluster(t, 2, edge, memberOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -89,7 +89,7 @@ func TestAdv5DestinationNamesAtTheEdges(t *testing.T) {
 // A deadline that has already passed, or a ctx already cancelled, is
 // answered at once with the ctx's error, by Deliver and DeliverResult
 // alike, and nothing is sent; the actor form's past Deadline likewise.
-func TestAdv5PastDeadlineIsAnsweredAtOnceAndNotSent(t *testing.T) {
+func TestPastDeadlineIsAnsweredAtOnceAndNotSent(t *testing.T) {
 	m := startTestCluster(t, 1, []string{"plain"}, memberOpts{})[0]
 	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()

@@ -86,7 +86,7 @@ func succeeded(m codec.Message, id string, err error) bool {
 // Many large deliveries at once, to one destination and to several owned
 // by one member (each with its own batches to that member, which
 // protoactor's writer would put in one gRPC message): all succeed.
-func TestAdv12LargeDeliveriesCrossTheWire(t *testing.T) {
+func TestLargeDeliveriesCrossTheWire(t *testing.T) {
 	dests := []string{"d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7"}
 	ms := startTestCluster(t, 2, dests, memberOpts{codec: bigCodec(0)})
 	// The destinations the second member owns, delivered to from the first.
@@ -114,7 +114,7 @@ func TestAdv12LargeDeliveriesCrossTheWire(t *testing.T) {
 }
 
 // Error texts of any length reach their callers, cut, with their kind.
-func TestAdv12LongErrorTextsReachTheirCallers(t *testing.T) {
+func TestLongErrorTextsReachTheirCallers(t *testing.T) {
 	ms := startTestCluster(t, 2, []string{"dest"}, memberOpts{codec: bigCodec(3 << 20)})
 	_, from := ownerOf(t, ms, "dest")
 	wrong := deliverAll(t, from, []string{"dest"}, []codec.Message{{Tenant: "fail", Body: []byte("x")}}, 30, 3, func(_ codec.Message, _ string, err error) bool {
@@ -125,7 +125,7 @@ func TestAdv12LongErrorTextsReachTheirCallers(t *testing.T) {
 
 // A message too large to cross between members is refused at once, the
 // same way from every member, owner included; one that fits is delivered.
-func TestAdv12TooLargeForTheWireIsRefusedAtOnce(t *testing.T) {
+func TestTooLargeForTheWireIsRefusedAtOnce(t *testing.T) {
 	ms := startTestCluster(t, 2, []string{"dest"}, memberOpts{codec: bigCodec(0)})
 	owner, other := ownerOf(t, ms, "dest")
 	for _, m := range []*member{owner, other} {
@@ -144,7 +144,7 @@ func TestAdv12TooLargeForTheWireIsRefusedAtOnce(t *testing.T) {
 
 // With every member's limit raised (ReceiveLimit, with TLS as the package
 // doc advises) and MaxWireBytes set to it, larger messages cross.
-func TestAdv12RaisedLimitCarriesLargerMessages(t *testing.T) {
+func TestRaisedLimitCarriesLargerMessages(t *testing.T) {
 	const limit = 24 << 20
 	ca := newAuthority(t, "cluster")
 	tlsOpts := clustered.TLSOptions(clustered.MutualTLS(ca.pool, ca.member(t, 2), "sinkbatch-cluster"))

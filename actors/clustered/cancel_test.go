@@ -22,7 +22,7 @@ import (
 // were sent once the request in flight before them ended (the owner kept
 // them until their deadlines). The delivery's count in the owner's ledger
 // ends with it, so the owner still hands the destination off at once.
-func TestAdv15CancelledDeliveryIsNotSent(t *testing.T) {
+func TestCancelledDeliveryIsNotSent(t *testing.T) {
 	ms := startTestCluster(t, 2, []string{"dest"}, memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		c.Latency, c.Tune = 500*time.Millisecond, codec.Tuning{MaxInflight: 1, Linger: time.Millisecond}

@@ -153,7 +153,7 @@ func directive(m codec.Message) string {
 //     caller's ctx, ErrStopped, a RetryAfterError);
 //   - no message reaches a destination twice (nothing here retries), and
 //     each actor-form delivery is answered exactly once.
-func TestAdv15EveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
+func TestEveryAnswerIsTheMessagesOwnUnderFaultsAndChurn(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, seed))
 	t.Logf("seed %d", seed)

@@ -19,7 +19,7 @@ import (
 // deadlines with nothing but ErrUnreachable as an error, nothing
 // acknowledged may be missing or out of its caller's order, and the
 // member that stays must take the destinations over.
-func TestAdv14CrashOfTheHeirDuringALeave(t *testing.T) {
+func TestCrashOfTheHeirDuringALeave(t *testing.T) {
 	pool := names(96)
 	// A second per Publish: the leaver is still draining when the heir
 	// crashes.

@@ -26,7 +26,7 @@ import (
 // its calls from 1 again, and took an answer meant for its predecessor's
 // call n as the answer to its own call n: its caller was told another
 // message's id (and its own message's answer, arriving later, was dropped).
-func TestAdv16AMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor(t *testing.T) {
+func TestAMemberRestartedAtItsAddressIsNotAnsweredForItsPredecessor(t *testing.T) {
 	const latency = 3 * time.Second
 	var oldAnswered atomic.Int64 // when the owner's last request of old messages ended (unix ns)
 	newCodec := func(name string) codec.Codec {

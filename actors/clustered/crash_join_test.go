@@ -22,7 +22,7 @@ import (
 // things end the joiner's wait, each enough alone: the member leaving the
 // topology, its connection being cut, and the grain's restart on the new
 // topology (which no longer lists it).
-func TestAdv14CrashDuringAJoin(t *testing.T) {
+func TestCrashDuringAJoin(t *testing.T) {
 	pool := names(96)
 	// A second per Publish: the victim is still draining when it crashes.
 	w := newWatched(t, time.Second, pool...)

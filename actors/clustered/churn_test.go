@@ -21,7 +21,7 @@ import (
 // caller's order and stored once, every acknowledged message is stored
 // under its id, and the only error a caller sees is ErrStopped, from its
 // own member leaving.
-func TestAdv14OverlappingJoinsAndLeaves(t *testing.T) {
+func TestOverlappingJoinsAndLeaves(t *testing.T) {
 	pool := names(24)
 	w := newWatched(t, 300*time.Millisecond, pool...)
 	c := newManaged(t, 4)

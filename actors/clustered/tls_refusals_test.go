@@ -17,7 +17,7 @@ import (
 // system's roots, so a peer with any public CA's client certificate could
 // join and deliver, against the package's promise that only holders of
 // the cluster's certificate can.
-func TestAdv14TLSOptionsRefusesAConfigWithoutCAs(t *testing.T) {
+func TestTLSOptionsRefusesAConfigWithoutCAs(t *testing.T) {
 	assert.PanicsWithValue(t, "sinkbatch: clustered.TLSOptions: nil *tls.Config", func() { clustered.TLSOptions(nil) })
 	cert := tls.Certificate{Certificate: [][]byte{{1}}} // read by the handshake, not by TLSOptions
 	assert.Panics(t, func() { clustered.TLSOptions(&tls.Config{Certificates: []tls.Certificate{cert}}) }, "no CA")

@@ -1,0 +1,62 @@
+package clustered
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/fakecodec"
+)
+
+// validating is a codec with a Validator, to see fence keep it.
+type validating struct{ *fakecodec.Codec }
+
+func (validating) Validate(codec.Message) error { return nil }
+
+// TestTheLeaseHoldsWhilePeersConfirm: with no peer taking part the lease
+// holds; a peer that answered but never confirmed holds it back; its
+// confirmation lets it hold for leaseTTL from when its probe was sent; a
+// peer's word that the cluster dropped this member ends it for good.
+func TestTheLeaseHoldsWhilePeersConfirm(t *testing.T) {
+	l := newLease()
+	l.topology(map[string]string{"peer": "127.0.0.1:2"})
+	assert.True(t, l.holds(), "no peer has answered: none is waited for")
+	sent := l.now()
+	l.answer("127.0.0.1:2", "me", &clusterpb.LeaseAnswer{MemberId: "me", SentNanos: sent})
+	assert.False(t, l.holds(), "a peer that answered without confirming")
+	assert.True(t, l.speaks("127.0.0.1:2"))
+	l.answer("127.0.0.1:2", "me", &clusterpb.LeaseAnswer{MemberId: "me", SentNanos: sent, Includes: true})
+	assert.True(t, l.holds())
+	assert.Equal(t, sent+int64(leaseTTL), l.until.Load(), "the confirmation counts from when its probe was sent")
+	l.answer("127.0.0.1:9", "me", &clusterpb.LeaseAnswer{MemberId: "me", Excluded: true})
+	assert.True(t, l.holds(), "a word from a member outside the list is not taken")
+	assert.True(t, l.answer("127.0.0.1:2", "me", &clusterpb.LeaseAnswer{MemberId: "me", Excluded: true}))
+	assert.False(t, l.holds(), "excluded")
+	l.topology(map[string]string{})
+	assert.False(t, l.holds(), "excluded for good")
+}
+
+// TestAFencedCodecMakesNoRequestWithoutTheLease: the codec the instance is
+// given sends while the lease holds, makes no request once it ran out, and
+// keeps the codec's optional interfaces; it is a pointer.
+func TestAFencedCodecMakesNoRequestWithoutTheLease(t *testing.T) {
+	fake := fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
+	l := newLease()
+	c := fence(validating{fake}, l)
+	assert.Equal(t, reflect.Pointer, reflect.TypeOf(c).Kind(), "the instance caches a codec's route by pointer only")
+	_, isValidator := c.(codec.Validator)
+	assert.True(t, isValidator)
+	_, isDescriber := c.(codec.Describer)
+	assert.False(t, isDescriber)
+	_, err := c.SendBatch(context.Background(), []codec.Message{{Body: []byte("a")}})
+	require.NoError(t, err)
+	l.until.Store(l.now() - 1)
+	_, err = c.SendBatch(context.Background(), []codec.Message{{Body: []byte("b")}})
+	require.ErrorIs(t, err, ErrUnreachable)
+	assert.Len(t, fake.Sent(), 1, "a request was made without the lease")
+}
