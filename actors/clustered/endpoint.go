@@ -191,7 +191,7 @@ func pausesFromWire(ps []*clusterpb.PausedGroup) []messages.PausedGroup {
 	out := make([]messages.PausedGroup, 0, len(ps))
 	for _, p := range ps {
 		if p != nil {
-			out = append(out, messages.PausedGroup{Group: p.Group, Key: p.Key, Left: time.Duration(p.LeftNanos)})
+			out = append(out, messages.PausedGroup{Group: p.Group, Key: p.Key, Then: p.Then, Left: time.Duration(p.LeftNanos)})
 		}
 	}
 	return out
@@ -218,7 +218,7 @@ func (n *Node) takePauses(destination string) []*clusterpb.PausedGroup {
 	}
 	out := make([]*clusterpb.PausedGroup, len(taken))
 	for i, p := range taken {
-		out[i] = &clusterpb.PausedGroup{Group: p.Group, Key: p.Key, LeftNanos: int64(p.Left)}
+		out[i] = &clusterpb.PausedGroup{Group: p.Group, Key: p.Key, Then: p.Then, LeftNanos: int64(p.Left)}
 	}
 	return out
 }

@@ -60,7 +60,7 @@ func encodeError(err error) *clusterpb.Error {
 	}
 	var gp *messages.GroupPausedError
 	if errors.As(err, &gp) {
-		w.GroupPaused = &clusterpb.GroupPaused{Group: gp.Group, Key: gp.Key}
+		w.GroupPaused = &clusterpb.GroupPaused{Group: gp.Group, Key: gp.Key, AfterNanos: int64(gp.After)}
 	}
 	return w
 }
@@ -85,7 +85,7 @@ func decodeError(w *clusterpb.Error) error {
 		e.entry = &codec.EntryError{Code: ee.Code, Message: ee.Message, Permanent: ee.Permanent, Throttled: ee.Throttled}
 	}
 	if gp := w.GroupPaused; gp != nil {
-		e.paused = &messages.GroupPausedError{Group: gp.Group, Key: gp.Key}
+		e.paused = &messages.GroupPausedError{Group: gp.Group, Key: gp.Key, After: time.Duration(gp.AfterNanos)}
 	}
 	return e
 }

@@ -41,7 +41,7 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 		"nil codec":           messages.ErrNilCodec,
 		"not deliver":         messages.ErrNotDeliver,
 		"nil context":         actors.ErrNilContext,
-		"group paused":        &messages.GroupPausedError{Group: "g1", Key: "k7"},
+		"group paused":        &messages.GroupPausedError{Group: "g1", Key: "k7", After: 250 * time.Millisecond},
 		"deadline":            fmt.Errorf("sinkbatch: queued past its deadline: %w", context.DeadlineExceeded),
 		"canceled":            context.Canceled,
 		"too large":           fmt.Errorf("%w: 2000000 bytes", codec.ErrTooLarge),
@@ -162,4 +162,15 @@ func TestWireSizesBoundTheEncoding(t *testing.T) {
 		encoded := proto.Size(&clusterpb.DeliverReplies{Replies: []*clusterpb.DeliverReply{r}})
 		assert.LessOrEqual(t, encoded, replySize(r))
 	}
+}
+
+// A paused group travels in a hand-off with every retry it waits for, in
+// order: the new owner admits them in the same order, not only the first.
+func TestAHandedOffPauseKeepsTheRetriesItWaitsFor(t *testing.T) {
+	pg := &clusterpb.PausedGroup{Group: "g", Key: "a", Then: []string{"b", "c"}, LeftNanos: int64(time.Second)}
+	b, err := proto.Marshal(&clusterpb.HandoffDone{Destination: "d", Member: "m", Paused: []*clusterpb.PausedGroup{pg}})
+	require.NoError(t, err)
+	var done clusterpb.HandoffDone
+	require.NoError(t, proto.Unmarshal(b, &done))
+	assert.Equal(t, []messages.PausedGroup{{Group: "g", Key: "a", Then: []string{"b", "c"}, Left: time.Second}}, pausesFromWire(done.Paused))
 }

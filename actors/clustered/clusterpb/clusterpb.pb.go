@@ -872,9 +872,11 @@ func (x *EntryError) GetThrottled() bool {
 
 // GroupPaused is messages.GroupPausedError.
 type GroupPaused struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Group         string                 `protobuf:"bytes,1,opt,name=group" json:"group,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group" json:"group,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	// messages.GroupPausedError.After; 0 from a member of an earlier version.
+	AfterNanos    int64 `protobuf:"varint,3,opt,name=after_nanos,json=afterNanos" json:"after_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -921,6 +923,13 @@ func (x *GroupPaused) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *GroupPaused) GetAfterNanos() int64 {
+	if x != nil {
+		return x.AfterNanos
+	}
+	return 0
 }
 
 // HandoffRequest, sent by a grain about to own destination to every other
@@ -1036,10 +1045,13 @@ func (x *HandoffDone) GetPaused() []*PausedGroup {
 // PausedGroup is messages.PausedGroup: left_nanos is the time its pause
 // had left when it was handed over.
 type PausedGroup struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Group         string                 `protobuf:"bytes,1,opt,name=group" json:"group,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
-	LeftNanos     int64                  `protobuf:"varint,3,opt,name=left_nanos,json=leftNanos" json:"left_nanos,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Group     string                 `protobuf:"bytes,1,opt,name=group" json:"group,omitempty"`
+	Key       string                 `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	LeftNanos int64                  `protobuf:"varint,3,opt,name=left_nanos,json=leftNanos" json:"left_nanos,omitempty"`
+	// messages.PausedGroup.Then: the retries the group waits for after key, in
+	// order. A member of an earlier version skips them, and waits for key alone.
+	Then          []string `protobuf:"bytes,4,rep,name=then" json:"then,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1093,6 +1105,13 @@ func (x *PausedGroup) GetLeftNanos() int64 {
 		return x.LeftNanos
 	}
 	return 0
+}
+
+func (x *PausedGroup) GetThen() []string {
+	if x != nil {
+		return x.Then
+	}
+	return nil
 }
 
 // GroupsRequest asks the node of destination's owner to resume group, one
@@ -1340,21 +1359,24 @@ const file_clusterpb_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
 	"\tpermanent\x18\x03 \x01(\bR\tpermanent\x12\x1c\n" +
-	"\tthrottled\x18\x04 \x01(\bR\tthrottled\"5\n" +
+	"\tthrottled\x18\x04 \x01(\bR\tthrottled\"V\n" +
 	"\vGroupPaused\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"2\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1f\n" +
+	"\vafter_nanos\x18\x03 \x01(\x03R\n" +
+	"afterNanos\"2\n" +
 	"\x0eHandoffRequest\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\"\x84\x01\n" +
 	"\vHandoffDone\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12;\n" +
-	"\x06paused\x18\x03 \x03(\v2#.sinkbatch.clustered.v1.PausedGroupR\x06paused\"T\n" +
+	"\x06paused\x18\x03 \x03(\v2#.sinkbatch.clustered.v1.PausedGroupR\x06paused\"h\n" +
 	"\vPausedGroup\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
-	"left_nanos\x18\x03 \x01(\x03R\tleftNanos\"_\n" +
+	"left_nanos\x18\x03 \x01(\x03R\tleftNanos\x12\x12\n" +
+	"\x04then\x18\x04 \x03(\tR\x04then\"_\n" +
 	"\rGroupsRequest\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x16\n" +
