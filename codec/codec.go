@@ -65,9 +65,21 @@ type Limits struct {
 // negative one, or one above the codec's Limits, is refused. Tuning is part of
 // the destination's identity: codecs that differ in it never share a batcher.
 type Tuning struct {
-	MaxEntries    int           // default and ceiling: Limits.MaxEntries
-	MaxBytes      int           // default and ceiling: Limits.MaxBytes
-	Linger        time.Duration // default 5ms
+	MaxEntries int // default and ceiling: Limits.MaxEntries
+	MaxBytes   int // default and ceiling: Limits.MaxBytes
+	// Linger is how long a batch waits for more messages after its first,
+	// unless it fills first; default 5ms. It is the wait at light load:
+	// while the instance has more requests in flight than this
+	// destination's MaxInflight (so other destinations are sending too)
+	// and this destination's requests take longer than Linger on average,
+	// the requests queue for something the destinations share (the CPU, a
+	// server, a connection), and a batch waits as long as the
+	// destination's mean request time instead, at most 64 × Linger, so that
+	// it carries more messages for each request. While the instance has
+	// no more requests in flight than that, a batch leaves Linger after its
+	// first message, whatever the request time: a lone caller waits Linger
+	// plus the request time.
+	Linger        time.Duration
 	MaxInflight   int           // requests in flight for this destination; default: the instance's SinkConcurrency (8)
 	QueueMax      int           // default 4096
 	QueueMaxBytes int64         // default 128 MiB

@@ -97,6 +97,7 @@ type queue struct {
 	inflight    int // requests in flight
 
 	lingerFrom  int64 // when the queue became non-empty or the last batch left
+	lingerNow   int64 // how long a batch lingers now: Linger, or longer under load (linger.go)
 	minDeadline int64 // no live entry has an earlier deadline; MaxInt64 when none
 	draining    bool  // send whatever is sendable, without waiting for Linger
 	// building is the batch a take is building (&builder), until it
@@ -118,6 +119,7 @@ func newQueue(s settings) *queue {
 		tenants:     make(map[string]*tenant),
 		groups:      make(map[string]*lane),
 		minDeadline: math.MaxInt64,
+		lingerNow:   s.linger,
 		paused:      pauses{minUntil: math.MaxInt64},
 		waits:       newWaitlist(),
 	}
@@ -200,7 +202,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 		return telemetry.TriggerBytes, true
 	case q.draining:
 		return telemetry.TriggerDrain, true
-	case now-q.lingerFrom >= q.s.linger:
+	case now-q.lingerFrom >= q.lingerNow:
 		return telemetry.TriggerLinger, true
 	}
 	return 0, false
@@ -212,7 +214,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = addSat(q.lingerFrom, q.s.linger)
+		w = addSat(q.lingerFrom, q.lingerNow)
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)
