@@ -253,7 +253,7 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 				batcher.AbandonCreate(span, i.cfg.Logger)
 			}
 			if ctx.Err() == context.Canceled {
-				i.sup.Cancelled()
+				i.sup.Cancelled(c)
 			}
 			return codec.Result{}, ctx.Err()
 		}

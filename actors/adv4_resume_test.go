@@ -41,7 +41,7 @@ func adv4StrictSetup(t *testing.T, name string) (*actor.ActorSystem, *actors.Ins
 	deliver := func(group, body string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), within)
 		defer cancel()
-		return inst.Deliver(ctx, c, codec.Message{Tenant: "t", Group: group, Body: []byte(body)})
+		return inst.Deliver(ctx, c, codec.Message{Tenant: "t", Group: group, IdempotencyKey: body, Body: []byte(body)})
 	}
 	return system, inst, c, deliver
 }

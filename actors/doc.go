@@ -45,20 +45,26 @@
 //
 // # Flow (opt-in per destination, in codec.Tuning)
 //
-// StrictGroups: a retryable failure of a message of group G (its request
-// failed, or its entry did; not a permanent failure, which will never come
-// back) pauses G before G's next request can leave. G's queued and waiting
-// messages, and every new delivery to G, are answered
-// *messages.GroupPausedError at once and never sent. G resumes when the
-// failed message's retry arrives (a delivery with its IdempotencyKey, which
-// then goes first), on Instance.ResumeGroup, or after GroupPauseMax (30s);
-// Instance.PausedGroups lists the paused groups, and
-// Instance.TakePausedGroups and AdoptPausedGroups move them to another
-// instance that takes the destination over. A delivery of G refused
-// because the queue is full pauses G the same way for new deliveries, and
-// so does a restart for every group the crashed batcher held. So a caller
-// that retries each failed or paused message, in its own order, with the
-// same key, sees each group stored in the order it first delivered it.
+// StrictGroups: every answer that leaves a message's fate to its caller —
+// a retryable failure (its request's or its entry's; not a permanent one,
+// which never comes back), an expiry in the queue or in flight, a caller
+// that cancelled, a refusal because the queue is full, a restart (ErrBatcherDown)
+// — pauses the message's group G, keyed by that message. G's later queued
+// and waiting messages are taken out and answered
+// *messages.GroupPausedError naming the key G waits for next, and so is
+// every delivery of G that is not that retry: G then admits the retries of
+// the messages it answered so, in the order it first delivered them, and
+// resumes once the last is in, on Instance.ResumeGroup, or GroupPauseMax
+// (30s) after its last pause. Nothing later in G is sent meanwhile. A
+// grouped message needs an IdempotencyKey (else messages.ErrNoIdempotencyKey,
+// permanent): the retry is known by it. GroupPausedError.After suggests a
+// wait before delivering again. Instance.PausedGroups lists the paused
+// groups, and Instance.TakePausedGroups and AdoptPausedGroups move them to
+// another instance that takes the destination over. So a caller that
+// retries each message it was answered without a final result, in its own
+// order, with the same key, sees each group stored in the order it first
+// delivered it (ResumeGroup and GroupPauseMax end a pause without the
+// retries, by the caller's choice).
 // One limit remains, and it is the destination's: in one SQS
 // SendMessageBatch holding several entries of G, SQS enqueues the entries
 // in order but answers each alone, and documents nothing about the entries
@@ -71,15 +77,18 @@
 //
 // WhenFull Block: a delivery that does not fit the queue waits for room
 // until its deadline (then it is answered with an error wrapping
-// context.DeadlineExceeded, never queued). Waiters are admitted fairly:
-// round-robin across tenants, in arrival order within a tenant, and a
-// group's waiters never overtake each other. At most QueueMax deliveries
-// wait; past that a tenant with fewer waiters takes the place of the newest
-// waiter of the tenant with the most (that waiter is refused), or the
-// delivery is refused as with Refuse. Stats.Waiting counts the waiters; a
-// waiter whose caller gave up still counts until the batcher next looks at
-// the waiting list (room frees, a full queue is swept, or the waiter's
-// deadline passes). Stop answers them messages.ErrStopped.
+// context.DeadlineExceeded, never queued); while anything waits, a new
+// delivery waits for its turn too. Waiters are admitted round-robin across
+// tenants, in arrival order within a tenant, and a group's waiters never
+// overtake each other. The waiter whose turn it is keeps its turn until
+// room for it frees: room freed meanwhile is reserved for it, not taken by
+// a smaller message behind it (only a waiter held by its own tenant's
+// TenantMax passes its turn on). A caller that cancels while queued frees
+// its room at once, and the waiters that fit are admitted then. At most
+// QueueMax deliveries wait; past that a tenant with fewer waiters takes the
+// place of the newest waiter of the tenant with the most (that waiter is
+// refused), or the delivery is refused as with Refuse. Stats.Waiting counts
+// the waiters. Stop answers them messages.ErrStopped.
 //
 // Adaptive: the destination's in-flight limit starts at 1 and moves
 // between 1 and MaxInflight by AIMD on request time, after Vector's

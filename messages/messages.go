@@ -83,28 +83,35 @@ func (e permanentError) Error() string { return string(e) }
 func (e permanentError) PermanentFailure() bool { return true }
 
 // GroupPausedError answers a delivery of a group that is paused
-// (Tuning.StrictGroups): an earlier message of the group failed and has not
-// been retried yet. The message was never sent. Retryable: deliver it again
-// after retrying the failed message (the one whose IdempotencyKey is Key),
-// or after the group resumes.
+// (Tuning.StrictGroups): an earlier message of the group was answered
+// without a final result (a retryable failure, an expiry, a restart) and the
+// group waits for its retry. The message was never sent. Retryable: deliver
+// it again, with the same IdempotencyKey, after the message keyed Key has
+// been retried (the group admits the retries it waits for in the order it
+// first delivered them), or after After.
 type GroupPausedError struct {
-	Group string // the paused group
-	Key   string // IdempotencyKey of the failed message whose retry resumes the group ("" if it had none)
+	Group string        // the paused group
+	Key   string        // IdempotencyKey of the retry the group waits for next
+	After time.Duration // a suggested wait before delivering again, drawn from (0, Tuning.RetryAfterMax]; 0 when unknown
 }
 
 func (e *GroupPausedError) Error() string {
-	if e.Key == "" {
-		return fmt.Sprintf("sinkbatch: group %q is paused after a failure", e.Group)
-	}
 	return fmt.Sprintf("sinkbatch: group %q is paused until the message with idempotency key %q is retried", e.Group, e.Key)
 }
 
-// PausedGroup is a group paused after a retryable failure
-// (Tuning.StrictGroups), as one instance hands it to another: see
-// actors.Instance.TakePausedGroups and AdoptPausedGroups.
+// ErrNoIdempotencyKey answers a grouped delivery without an IdempotencyKey
+// to a destination with Tuning.StrictGroups: a paused group knows its failed
+// message's retry by that key, so without one the group could only wait for
+// GroupPauseMax. Permanent: set codec.Message.IdempotencyKey.
+var ErrNoIdempotencyKey error = permanentError("sinkbatch: StrictGroups needs an IdempotencyKey on every message with a Group (codec.Message.IdempotencyKey)")
+
+// PausedGroup is a paused group (Tuning.StrictGroups) as one instance hands
+// it to another: see actors.Instance.TakePausedGroups and
+// AdoptPausedGroups.
 type PausedGroup struct {
 	Group string
-	Key   string        // IdempotencyKey of the failed message whose retry resumes the group ("" if it had none)
+	Key   string        // IdempotencyKey of the retry the group waits for next
+	Then  []string      // the keys of the retries it waits for after Key, in order
 	Left  time.Duration // until the pause runs out (GroupPauseMax)
 }
 

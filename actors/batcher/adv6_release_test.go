@@ -38,9 +38,20 @@ func adv6Batcher(d *dispatch) *Batcher {
 	return &Batcher{p: &Params{}, d: d, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
+// adv6Answer answers f's entries that nobody claimed yet, as a request
+// goroutine whose finishWith won them does.
 func adv6Answer(b *Batcher, f *inflight) {
 	n := len(f.entries)
-	b.answer(f, &buffers{msgs: make([]codec.Message, n), results: make([]codec.Result, n)})
+	won := make([]bool, n)
+	for i := range won {
+		won[i] = f.claims[i].CompareAndSwap(false, true)
+	}
+	adv6AnswerWon(b, f, won)
+}
+
+func adv6AnswerWon(b *Batcher, f *inflight, won []bool) {
+	n := len(f.entries)
+	b.answer(f, &buffers{msgs: make([]codec.Message, n), results: make([]codec.Result, n)}, won)
 }
 
 // A Deliver admitted twice (an actor's Deliver sent again, or a copy
@@ -65,8 +76,8 @@ func TestAdv6ASecondAdmissionNeverReleasesTheRoom(t *testing.T) {
 	f := take(d)
 	require.NotNil(t, f)
 	require.Len(t, f.entries, 2)
-	d.finishWith(f, clock(), outcome{})
-	adv6Answer(b, f)
+	r := d.finishWith(f, clock(), outcome{})
+	adv6AnswerWon(b, f, r.won)
 	assert.Equal(t, []string{"answer 1", "release 1", "answer 1"}, l.log)
 }
 
@@ -100,9 +111,9 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 
 	// Call 1 failed retryably: g pauses, call 2 is taken out and answered
 	// by the request goroutine, which also answers call 1 from the result.
-	r := d.finishWith(f1, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
-	adv6Answer(b, f1)
-	b.settle(r)
+	r := d.finishWith(f1, now, failing(f1, "k1"))
+	adv6AnswerWon(b, f1, r.won)
+	b.settle(r, now)
 	require.Len(t, r.held, 1)
 	f2 := r.next
 	require.NotNil(t, f2, "call 3 is due")
@@ -127,9 +138,9 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 	require.True(t, admit(8, "", "", far).waiting)
 	f3 := take(d)
 	require.NotNil(t, f3)
-	b.answerEach(d.abandon(), messages.ErrBatcherDown)
-	d.finishWith(f3, now, outcome{})
-	adv6Answer(b, f3)
+	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
+	r = d.finishWith(f3, now, outcome{})
+	adv6AnswerWon(b, f3, r.won)
 	assert.ElementsMatch(t, []string{"answer 5", "answer 6", "answer 7", "answer 8"}, l.log)
 
 	// Calls 9..11 fill the queue and call 12 waits, then is promoted as
@@ -143,7 +154,7 @@ func TestAdv6OnlyTheRequestsOwnResultsRelease(t *testing.T) {
 	require.True(t, admit(12, "", "", far).waiting)
 	for f := take(d); f != nil; {
 		r := d.finishWith(f, now, outcome{})
-		adv6Answer(b, f)
+		adv6AnswerWon(b, f, r.won)
 		f = r.next
 	}
 	assert.Equal(t, []string{"answer 9", "release 9", "answer 10", "release 10", "answer 11", "release 11", "answer 12"}, l.log)

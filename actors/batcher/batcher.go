@@ -49,6 +49,17 @@ type done struct{}
 // theDone is the one done message; it carries nothing.
 var theDone = &done{}
 
+// left tells the batcher that a caller gave up while deliveries wait for
+// room (Params.CallerLeft): the room its entry held is theirs now.
+type left struct{}
+
+// theLeft is the one left message.
+var theLeft = &left{}
+
+// GetPriority puts left messages first in the mailbox: the waiters it
+// admits must not wait behind deliveries.
+func (*left) GetPriority() int8 { return priorityFirst }
+
 // goroutinePanic carries a panic of the rules on a request goroutine (see
 // dispatch.finish) to Receive, which panics with it so that the supervisor
 // restarts the batcher, as it does for a panic in Receive.
@@ -325,6 +336,8 @@ func (b *Batcher) receive(ctx actor.Context) {
 			m.Done <- nil
 		}
 	case *done:
+	case *left:
+		b.answerDropped(b.d.sweep(b.now), b.now)
 	case *tick:
 		b.armed = 0
 	case *Drain:
@@ -387,8 +400,8 @@ func (b *Batcher) end(err error) {
 	}
 	b.d.markDown()
 	b.deferred = 0
-	b.endFlow(err)
 	b.answerAll(err)
+	b.endFlow(err)
 	if b.timer != nil {
 		b.timer.Stop()
 	}
@@ -459,6 +472,9 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	if err == nil && size > b.p.Tuning.MaxBytes {
 		err = fmt.Errorf("%w: %d bytes, one request takes at most %d", codec.ErrTooLarge, size, b.p.Tuning.MaxBytes)
 	}
+	if err == nil && b.p.Tuning.StrictGroups && msg.Group != "" && msg.IdempotencyKey == "" {
+		err = messages.ErrNoIdempotencyKey
+	}
 	if err != nil {
 		b.current = caller{}
 		b.reply(c, codec.Result{Err: err})
@@ -484,14 +500,14 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 	if a.resumed != "" {
 		b.logResumed("retry", a.resumed)
 	}
-	if a.pausedRefused != "" {
-		b.log.Info("sinkbatch: group paused after a refusal", slog.String("group", a.pausedRefused))
+	for _, g := range a.pausedRefused {
+		b.log.Info("sinkbatch: group paused after a refusal", slog.String("group", g))
 	}
 	switch {
 	case a.ok, a.waiting:
-	case a.paused != nil:
+	case a.paused:
 		b.current = caller{}
-		b.reply(c, codec.Result{Err: a.paused})
+		b.reply(c, codec.Result{Err: b.groupPaused(msg.Group, a.waitFor)})
 	case a.stopped:
 		b.current = caller{}
 		b.reply(c, codec.Result{Err: messages.ErrStopped})
@@ -511,7 +527,11 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 		b.reply(a.evicted.to, codec.Result{Err: b.retryAfter(messages.FullEntries)})
 		b.p.Recorder.Refused(messages.FullEntries)
 	}
-	return a.ok && !a.due && !a.swept && a.resumed == "" && a.evicted == nil
+	if !a.swept && len(a.dropped) > 0 {
+		// Entries its admission held back for a retry (pause.go).
+		b.answerDropped(a.dropped, b.now)
+	}
+	return a.ok && !a.due && !a.swept && a.resumed == "" && a.evicted == nil && len(a.dropped) == 0
 }
 
 // The batcher's clock: nanoseconds on Go's monotonic clock since epoch.
@@ -617,7 +637,9 @@ func (b *Batcher) advance(ctx actor.Context) {
 		b.answerDropped(b.d.sweep(b.now), b.now)
 	}
 	if st.expireDue {
-		b.answerEach(b.d.expire(b.now), errExpiredInFlight)
+		late, held := b.d.expire(b.now)
+		b.answerEach(late, errExpiredInFlight)
+		b.answerDropped(held, b.now)
 	}
 	if st.pausesDue {
 		b.logResumed("GroupPauseMax", b.d.expirePauses(b.now)...)
@@ -686,14 +708,22 @@ func (b *Batcher) reportIdle(ctx actor.Context) {
 }
 
 // answerAll answers every caller the incarnation holds with err: the
-// delivery being handled, every queued entry, and every entry in a request,
-// whose late result is then ignored.
+// delivery being handled, every queued or waiting entry, and every entry in
+// a request, whose late result is then ignored. On a restart
+// (ErrBatcherDown, which callers retry) their groups pause (pause.go).
 func (b *Batcher) answerAll(err error) {
-	if b.current.deliver != nil {
-		b.reply(b.current, codec.Result{Err: err})
+	pause := err == messages.ErrBatcherDown && b.p.Tuning.StrictGroups
+	var extra []*entry
+	c := b.current
+	if c.deliver != nil && pause && c.deliver.Message.Group != "" {
+		extra = append(extra, &entry{msg: &c.deliver.Message})
+	}
+	all := b.d.abandon(b.now, pause, extra...)
+	if c.deliver != nil {
+		b.reply(c, codec.Result{Err: err})
 		b.current = caller{}
 	}
-	b.answerEach(b.d.abandon(), err)
+	b.answerEach(all, err)
 }
 
 func (b *Batcher) arm(wake int64) {
@@ -729,6 +759,7 @@ func (b *Batcher) publish(st status) {
 	if d := st.waiting - b.published.waiting; d != 0 {
 		c.Waiting.Add(int64(d))
 		b.published.waiting = st.waiting
+		b.p.waiting.Store(int64(st.waiting))
 	}
 }
 
@@ -739,5 +770,6 @@ func (b *Batcher) unpublish() {
 	c.QueuedBytes.Add(-b.published.bytes)
 	c.InFlight.Add(-int64(b.published.inflight))
 	c.Waiting.Add(-int64(b.published.waiting))
+	b.p.waiting.Store(0)
 	b.published.queued, b.published.bytes, b.published.inflight, b.published.waiting = 0, 0, 0, 0
 }

@@ -10,13 +10,18 @@ import (
 // not fit the queue's bounds waits in the waiting list instead of being
 // refused; at most QueueMax deliveries wait, past that a delivery is
 // refused as with Refuse, so memory stays bounded. A delivery also waits,
-// though it fits, while its tenant or its group has waiters: it must not
-// overtake them. Whenever room frees (a batch is taken, a sweep removes
-// abandoned entries), promote admits waiters: round-robin across tenants,
-// in arrival order within a tenant, and an entry of a group only once it is
-// the group's oldest waiter, so a group's entries never overtake each other
-// across tenants. A waiter whose deadline passes is answered with an error
-// wrapping context.DeadlineExceeded and was never queued.
+// though it fits, while anything waits: it must not take the room the
+// waiters wait for. Whenever room frees (a batch is taken, a sweep removes
+// abandoned entries, a caller leaves), promote admits waiters: round-robin
+// across tenants, in arrival order within a tenant, and an entry of a group
+// only once it is the group's oldest waiter, so a group's entries never
+// overtake each other across tenants. The waiter whose turn it is keeps its
+// turn until the queue has room for it: the room that frees meanwhile is
+// reserved for it, not taken by a smaller message behind it (Google's
+// publisher flow control is strictly first come, first served for the same
+// reason); only a waiter held by its own tenant's bound passes its turn on.
+// A waiter whose deadline passes is answered with an error wrapping
+// context.DeadlineExceeded and was never queued.
 
 // waitlist is the deliveries waiting for room. Removal is lazy: a removed
 // waiter is marked waitGone and skipped.
@@ -46,8 +51,10 @@ func newWaitlist() waitlist {
 	return waitlist{minDeadline: math.MaxInt64}
 }
 
-// holds says whether e must wait behind waiters of its tenant or its group,
-// and with which reason it is refused if the waiting list is full.
+// holds says whether e must wait, though it fits: while anything waits, the
+// room that frees is the waiters' in their turn (promote), and a newcomer
+// waits for its own turn. It also says with which reason e is refused if the
+// waiting list is full.
 func (w *waitlist) holds(e *entry) (messages.FullReason, bool) {
 	if w.n == 0 {
 		return 0, false
@@ -55,10 +62,7 @@ func (w *waitlist) holds(e *entry) (messages.FullReason, bool) {
 	if w.tenants[e.msg.Tenant] != nil {
 		return messages.FullTenant, true
 	}
-	if g := e.msg.Group; g != "" && w.groups[g] != nil {
-		return messages.FullEntries, true
-	}
-	return 0, false
+	return messages.FullEntries, true
 }
 
 // wait adds e to the waiting list, unless QueueMax deliveries already wait.
@@ -148,6 +152,9 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 		if e.deadline <= now || !alive(e) {
 			w.remove(e)
 			b.dropped = append(b.dropped, e)
+			// Its group's later waiters wait for its retry (pause.go).
+			held, _ := q.interrupt([]*entry{e}, now)
+			b.dropped = append(b.dropped, held...)
 			continue
 		}
 		if g := e.msg.Group; g != "" && w.groups[g].first() != e {
@@ -157,10 +164,15 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 			continue
 		}
 		reason, ok := q.fits(e)
-		if !ok && reason == messages.FullEntries {
-			break // nothing fits
+		if !ok && reason != messages.FullTenant {
+			// The waiter whose turn it is keeps it: the room that frees
+			// next is reserved for it, not taken by a smaller waiter
+			// behind it (it would starve beside small messages).
+			break
 		}
 		if !ok {
+			// Its tenant's own bound: the room it waits for is not the
+			// others'.
 			w.turn++
 			misses++
 			continue
@@ -202,6 +214,9 @@ func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*ent
 		}
 	}
 	w.minDeadline = next
+	// The dropped waiters' groups hold back their later waiters (pause.go).
+	held, _ := q.interrupt(b.dropped, now)
+	b.dropped = append(b.dropped, held...)
 	_, dropped = q.built()
 	return dropped
 }

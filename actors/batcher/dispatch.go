@@ -3,9 +3,11 @@ package batcher
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -78,11 +80,13 @@ type admission struct {
 	reason  messages.FullReason // the bound that refused it, when !ok
 	down    bool                // the incarnation is down: nothing was done
 	swept   bool                // the queue was swept for room
-	dropped []*entry            // what the sweep removed, to be answered
-	// StrictGroups: paused is the answer to an entry of a paused group;
-	// resumed, the group its admission resumed (it is the failed entry's
-	// retry, or the pause ran out).
-	paused  *messages.GroupPausedError
+	dropped []*entry            // what the sweep removed, and entries held back by a pause, to be answered
+	// StrictGroups: paused, the entry's group is paused and it is not the
+	// retry the group waits for next, whose key waitFor is; resumed, the
+	// group its admission resumed (it was the last retry the group waited
+	// for).
+	paused  bool
+	waitFor string
 	resumed string
 	// WhenFull Block: the entry waits for room (ok is false); stopped, it
 	// did not fit while Stop drains, and is answered ErrStopped.
@@ -90,8 +94,8 @@ type admission struct {
 	// evicted is a waiter that gave its place to this entry (block.go),
 	// to be answered as a refusal.
 	evicted *entry
-	// pausedRefused is the group a refusal paused (StrictGroups).
-	pausedRefused string
+	// pausedRefused lists the groups a refusal paused (StrictGroups).
+	pausedRefused []string
 	// due: a batch is due now (set when ok).
 	due bool
 }
@@ -99,8 +103,9 @@ type admission struct {
 // admit queues e at now. When e does not fit, it sweeps the queue for room
 // held by callers that gave up or whose deadline passed, and tries once
 // more, if a deadline has passed or sweep says so. With StrictGroups an
-// entry of a paused group is answered at once (pause.go); with Block an
-// entry that still does not fit waits (block.go).
+// entry of a paused group is answered at once unless it is the retry the
+// group waits for next (pause.go); with Block an entry that does not fit,
+// or finds others waiting, waits (block.go).
 func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -109,11 +114,18 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	}
 	var a admission
 	defer d.rescue(&a.dropped)
-	resume := false
-	if d.q.s.strict {
-		if a.paused, resume = d.q.checkPaused(e, now); a.paused != nil {
+	g := e.msg.Group
+	retry := false
+	if d.q.s.strict && g != "" {
+		var rank uint64
+		if a.waitFor, a.paused, retry, rank = d.q.checkPaused(g, e.msg.IdempotencyKey, now); a.paused && !retry {
 			return a
 		}
+		a.paused = false
+		e.rank = rank
+	}
+	if !retry {
+		e.rank = d.q.newRank()
 	}
 	a.reason, a.ok = d.q.admit(e, now)
 	if !a.ok && (sweep || now >= d.q.minDeadline || now >= d.q.waits.minDeadline) {
@@ -124,9 +136,10 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 		a.reason, a.ok = d.q.admit(e, now)
 	}
 	if !a.ok && d.q.s.block {
-		if d.q.draining {
+		switch {
+		case d.q.draining:
 			a.stopped = true
-		} else {
+		default:
 			a.waiting = d.q.wait(e)
 			if !a.waiting {
 				if a.evicted = d.q.evictFor(e); a.evicted != nil {
@@ -137,31 +150,42 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 				// What refuses it now is the waiting list's bound,
 				// QueueMax waiters, whatever kept it from the queue.
 				a.reason = messages.FullEntries
+				break
+			}
+			// Its turn may be now. No caller's code is asked (a panic
+			// there would leave e both waiting and the delivery being
+			// handled): callers that left are found when room is taken.
+			a.dropped = append(a.dropped, d.q.promote(now, assumeAlive)...)
+			if e.lane != nil {
+				a.ok, a.waiting = true, false
 			}
 		}
 	}
-	// The pause ends only if the retry is in: a retry refused for
-	// fullness must not let its followers overtake it.
-	if resume && (a.ok || a.waiting) {
-		d.q.resume(e.msg.Group)
-		a.resumed = e.msg.Group
+	if retry && (a.ok || a.waiting) && d.q.admitted(g) {
+		a.resumed = g
 	}
 	if a.ok {
 		_, a.due = d.q.due(now)
 	}
-	if d.q.s.strict {
-		// A refused delivery (or the waiter that gave its place) pauses
-		// its group for new deliveries (pause.go).
-		refused := e
-		if a.ok || a.waiting || a.stopped {
-			refused = a.evicted
-		}
-		if refused != nil && refused.msg.Group != "" && d.q.pauseNew(groupFailure{group: refused.msg.Group, key: refused.msg.IdempotencyKey}, now) {
-			a.pausedRefused = refused.msg.Group
-		}
+	// A refusal leaves the refused message's fate to its caller, and so
+	// does the eviction of a waiter: their groups pause (pause.go).
+	var refused []*entry
+	if !a.ok && !a.waiting && !a.stopped {
+		refused = append(refused, e)
+	}
+	if a.evicted != nil {
+		refused = append(refused, a.evicted)
+	}
+	if len(refused) > 0 {
+		var held []*entry
+		held, a.pausedRefused = d.q.interrupt(refused, now)
+		a.dropped = append(a.dropped, held...)
 	}
 	return a
 }
+
+// assumeAlive is alive for rules that must not call a caller's code.
+func assumeAlive(*entry) bool { return true }
 
 // setDraining makes the queue send whatever is sendable without waiting
 // for Linger (Stop's drain), and returns the deliveries waiting for room,
@@ -221,11 +245,8 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 	return launched, dropped, d.statusLocked(now)
 }
 
-// finish ends f's request and hands its slot on: it returns the batch due
-// now, for the calling goroutine to send next, or nil when the goroutine
-// should end. A panic in the rules here (alive is the caller's code) would
-// end the process on a request goroutine: it is returned instead, the
-// incarnation is down, and the goroutine ends.
+// finish ends f's request, whose entries all succeeded, and hands its
+// slot on: see finishWith.
 func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*entry, panicked any) {
 	r := d.finishWith(f, now, outcome{})
 	return r.next, r.dropped, r.panicked
@@ -233,27 +254,38 @@ func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*en
 
 // outcome is what a request goroutine learned from its request, for the
 // rules: its time and whether it met back pressure (Adaptive), and each
-// group's first retryable failure (StrictGroups).
+// entry's result (StrictGroups).
 type outcome struct {
 	rtt       int64 // nanoseconds
 	ok        bool  // the request succeeded as a whole
 	pressured bool  // throttled, or out of time
-	failures  []groupFailure
+	// results[i] is f.entries[i]'s result; nil: all succeeded.
+	results []codec.Result
+	// won, if long enough, is where finishWith marks the entries whose
+	// answer is the goroutine's; nil: it allocates.
+	won []bool
 }
 
 // finished is what finishWith returns to the request goroutine.
 type finished struct {
 	next     *inflight
-	dropped  []*entry // to be answered as the queue's drops
+	dropped  []*entry // to be answered as the queue's drops (held entries among them)
 	panicked any
-	held     []heldEntry    // entries of groups that paused, to be answered
-	paused   []groupFailure // the groups that paused, to be logged
-	limit    int            // the new adaptive limit; 0: unchanged
+	// won[i]: the goroutine answers f.entries[i] (no one else has).
+	won    []bool
+	held   []*entry // entries of groups that paused, to be answered GroupPausedError
+	paused []string // the groups that paused, to be logged
+	limit  int      // the new adaptive limit; 0: unchanged
 }
 
-// finishWith is finish for a request whose outcome is known: the failed
-// entries' groups pause before their gates open, so that no follower leaves
-// in between, and the adaptive limit adjusts before the slot is handed on.
+// finishWith ends f's request and hands its slot on: it claims the
+// entries whose callers nobody answered yet (won), pauses the groups whose
+// entries failed retryably before their gates open (pause.go), so that no
+// follower leaves in between, adjusts the adaptive limit, and returns the
+// batch due now for the calling goroutine to send next, or nil when the
+// goroutine should end. A panic in the rules here (alive is the caller's
+// code) would end the process on a request goroutine: it is returned
+// instead, the incarnation is down, and the goroutine ends.
 func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -267,19 +299,31 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 			d.goroutines.Add(-1)
 		}
 	}()
-	delete(d.running, f)
+	n := len(f.entries)
+	r.won = o.won
+	if len(r.won) < n {
+		r.won = make([]bool, n)
+	}
+	r.won = r.won[:n]
+	clear(r.won)
 	if d.down {
+		// The queue may be half changed. f stays running: the restart
+		// (abandon) claims its entries, answers them and pauses their
+		// groups, whether it comes before this or after.
 		return r
 	}
-	if d.q.s.strict {
-		for _, g := range o.failures {
-			held, paused := d.q.pauseGroup(g, now)
-			r.held = append(r.held, held...)
-			if paused {
-				r.paused = append(r.paused, g)
+	delete(d.running, f)
+	var failed []*entry
+	for i, e := range f.entries {
+		// Claimed already: expired in flight.
+		r.won[i] = f.claims[i].CompareAndSwap(false, true)
+		if r.won[i] && d.q.s.strict && e.msg.Group != "" && i < len(o.results) {
+			if err := o.results[i].Err; err != nil && !codec.IsPermanent(err) {
+				failed = append(failed, e)
 			}
 		}
 	}
+	r.held, r.paused = d.q.interrupt(failed, now)
 	d.q.complete(f.groups)
 	d.stretch.ended(o.rtt, o.ok)
 	if d.lim != nil && d.lim.ended(now, o.rtt, o.ok, o.pressured) {
@@ -382,14 +426,14 @@ func (d *dispatch) sweep(now int64) []*entry {
 }
 
 // expire claims every entry in a request whose deadline has passed and
-// returns them, for the actor to answer: a caller is never answered later
-// than its deadline, though its request cannot be recalled. It costs
-// O(entries in flight) and runs only when the earliest such deadline has
-// passed.
-func (d *dispatch) expire(now int64) []*entry {
+// returns them (late), for the actor to answer: a caller is never answered
+// later than its deadline, though its request cannot be recalled. Their
+// groups pause (pause.go): held are the entries they hold back, to be
+// answered too. It costs O(entries in flight) and runs only when the
+// earliest such deadline has passed.
+func (d *dispatch) expire(now int64) (late, held []*entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var late []*entry
 	next := int64(math.MaxInt64)
 	for f := range d.running {
 		for i, e := range f.entries {
@@ -406,18 +450,22 @@ func (d *dispatch) expire(now int64) []*entry {
 		}
 	}
 	d.inflightDeadline = next
-	return late
+	held, _ = d.q.interrupt(late, now)
+	return late, held
 }
 
-// abandon removes every queued entry and claims every entry in a request,
-// cancelling the requests, and returns them all, for an actor that answers
-// everything it holds at once (restart, abort, stop). The requests keep
-// their slots until their goroutines end.
-func (d *dispatch) abandon() []*entry {
+// abandon removes every queued and waiting entry and claims every entry
+// in a request, cancelling the requests, and returns them all, for an
+// actor that answers everything it holds at once (restart, abort, stop).
+// The requests keep their slots until their goroutines end. With pause
+// (a restart: everything is answered ErrBatcherDown and retried), their
+// groups pause as for any answer that leaves a message's fate to its
+// caller (pause.go), and so do those of extra, deliveries being handled
+// that were never admitted.
+func (d *dispatch) abandon(now int64, pause bool, extra ...*entry) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	all := d.q.drainAll()
-	all = append(all, d.q.drainWaiters()...)
+	var all []*entry
 	for f := range d.running {
 		for i, e := range f.entries {
 			if f.claims[i].CompareAndSwap(false, true) {
@@ -425,6 +473,16 @@ func (d *dispatch) abandon() []*entry {
 			}
 		}
 		f.cancel()
+	}
+	all = append(all, d.q.drainAll()...)
+	all = append(all, d.q.drainWaiters()...)
+	if pause {
+		for _, e := range extra {
+			if e.rank == 0 {
+				e.rank = d.q.newRank()
+			}
+		}
+		d.q.interrupt(append(slices.Clone(all), extra...), now)
 	}
 	return all
 }
@@ -436,44 +494,6 @@ func (d *dispatch) markDown() {
 	d.down = true
 }
 
-// pauseHeld pauses, at now, every group with an entry this incarnation
-// still holds, keyed by its first (in a request, else queued, else
-// waiting), for a crashed incarnation whose entries are all about to be
-// answered ErrBatcherDown: their callers retry them, and the group's next
-// deliveries must not go out before those retries (StrictGroups). A group
-// paused already keeps its pause.
-func (d *dispatch) pauseHeld(now int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	seen := map[string]bool{}
-	hold := func(e *entry) {
-		g := e.msg.Group
-		if g == "" || seen[g] {
-			return
-		}
-		seen[g] = true
-		d.q.pauseNew(groupFailure{group: g, key: e.msg.IdempotencyKey}, now)
-	}
-	for f := range d.running {
-		for i, e := range f.entries {
-			if !f.claims[i].Load() {
-				hold(e)
-			}
-		}
-	}
-	for _, l := range d.q.groups {
-		if l.live > 0 {
-			l.skipDead()
-			hold(l.entries[l.head])
-		}
-	}
-	for g := range d.q.waits.groups {
-		if es := d.q.waits.group(g); len(es) > 0 {
-			hold(es[0])
-		}
-	}
-}
-
 // pauses returns a copy of the paused groups, for the next incarnation.
 func (d *dispatch) pauses() pauses {
 	d.mu.Lock()
@@ -482,11 +502,13 @@ func (d *dispatch) pauses() pauses {
 }
 
 // seedPauses hands the paused groups of a crashed incarnation to this one,
-// before it admits anything.
-func (d *dispatch) seedPauses(p pauses) {
+// before it admits anything, with the last rank it gave: what this one
+// admits ranks after what the pauses wait for.
+func (d *dispatch) seedPauses(p pauses, rank uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.q.paused = p
+	d.q.rank = rank
 }
 
 // expirePauses resumes the groups whose pause has run out at now.
@@ -522,7 +544,7 @@ func (d *dispatch) resumeGroupIf(g string, current func() bool) (resumed, ok boo
 func (d *dispatch) handPausesTo(next *dispatch, publish func()) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	next.seedPauses(d.q.paused.clone())
+	next.seedPauses(d.q.paused.clone(), d.q.rank)
 	publish()
 }
 

@@ -1,8 +1,9 @@
 // Package batcher is the actor that owns one destination's queue.
 //
 // The flow rules beside the queue are as plain: pause.go (StrictGroups: the
-// paused groups, set by a request goroutine in dispatch.finishWith before
-// the failed request's groups reopen), block.go (WhenFull Block: the
+// one rule, queue.interrupt, that every answer leaving a message's fate to
+// its caller goes through, and the retries a paused group waits for),
+// block.go (WhenFull Block: the
 // waiting list and its fair admission), adaptive.go (Adaptive: the AIMD
 // limiter that sets the queue's MaxInflight); flow.go joins them to the
 // actor.
@@ -11,7 +12,9 @@
 // the flush decision, the sweep of abandoned entries) live in queue, a plain
 // type that reads no clock, starts no goroutine and sends no message: time
 // comes in as an argument and caller liveness as a callback, so tests drive it
-// step by step (queue_test.go) and a fuzzer compares it with a simple model.
+// step by step (queue_test.go), a fuzzer compares it with a simple model
+// (FuzzQueue) and another holds it to the group-order promise against
+// callers that retry as documented (FuzzStrictGroupOrder).
 // Batcher is the thin driver around it, as raft's node drives RawNode: it
 // feeds the queue deliveries and ticks, runs each batch's request on a
 // goroutine of its own, and turns what comes back into answers. While it

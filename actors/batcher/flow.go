@@ -16,28 +16,16 @@ import (
 // actor and its request goroutines.
 
 // learn is what a request's results tell the rules: its time, whether the
-// destination pushed back, and each group's first retryable failure in the
-// request's order (StrictGroups).
-func (b *Batcher) learn(msgs []codec.Message, results []codec.Result, failed error, rtt time.Duration) outcome {
-	o := outcome{rtt: int64(rtt), ok: failed == nil}
+// destination pushed back, and each entry's result (StrictGroups: see
+// finishWith).
+func (b *Batcher) learn(results []codec.Result, failed error, rtt time.Duration) outcome {
+	o := outcome{rtt: int64(rtt), ok: failed == nil, results: results}
 	o.pressured = codec.IsThrottled(failed) || errors.Is(failed, context.DeadlineExceeded)
-	var seen map[string]bool
-	for i, r := range results {
-		if r.Err == nil {
-			continue
-		}
-		if codec.IsThrottled(r.Err) {
+	for _, r := range results {
+		if r.Err != nil && codec.IsThrottled(r.Err) {
 			o.pressured = true
+			break
 		}
-		g := msgs[i].Group
-		if !b.p.Tuning.StrictGroups || g == "" || codec.IsPermanent(r.Err) || seen[g] {
-			continue
-		}
-		if seen == nil {
-			seen = make(map[string]bool)
-		}
-		seen[g] = true
-		o.failures = append(o.failures, groupFailure{group: g, key: msgs[i].IdempotencyKey})
 	}
 	return o
 }
@@ -45,18 +33,23 @@ func (b *Batcher) learn(msgs []codec.Message, results []codec.Result, failed err
 // settle does what finishWith asks of the request goroutine: answer the
 // entries of groups that paused, and log the pauses and a new in-flight
 // limit.
-func (b *Batcher) settle(r finished) {
-	for _, h := range r.held {
-		b.reply(h.e.to, codec.Result{Err: h.err})
-	}
+func (b *Batcher) settle(r finished, now int64) {
+	b.answerDropped(r.held, now)
 	for _, g := range r.paused {
 		b.log.Info("sinkbatch: group paused after a retryable failure",
-			slog.String("group", g.group), slog.Bool("keyed", g.key != ""), slog.Duration("max", b.p.Tuning.GroupPauseMax))
+			slog.String("group", g), slog.Duration("max", b.p.Tuning.GroupPauseMax))
 	}
 	if r.limit != 0 {
 		b.log.Debug("sinkbatch: in-flight limit changed", slog.Int("limit", r.limit))
 		b.recordLimit(r.limit)
 	}
+}
+
+// groupPaused is the answer to a delivery of group g, paused and waiting
+// for the retry keyed key: with a suggested wait drawn, as a refusal's is,
+// from (0, RetryAfterMax], so that held callers do not spin.
+func (b *Batcher) groupPaused(g, key string) *messages.GroupPausedError {
+	return &messages.GroupPausedError{Group: g, Key: key, After: b.retryWait()}
 }
 
 // logResumed logs groups that resumed, and why.
@@ -155,6 +148,7 @@ func (p *Params) PausedGroups() []string {
 type incarnation struct {
 	d    *dispatch
 	wake func()
+	left func() // a caller left: sweep for its room (Params.CallerLeft)
 }
 
 // startFlow sets up a new incarnation's flow rules: the adaptive limit
@@ -165,7 +159,11 @@ func (b *Batcher) startFlow() {
 		b.d.q.s.maxInflight = b.d.lim.limit
 		b.recordLimit(b.d.lim.limit)
 	}
-	in := &incarnation{d: b.d, wake: func() { b.box.tellPrompt(b.system, b.self, theDone) }}
+	in := &incarnation{
+		d:    b.d,
+		wake: func() { b.box.tellPrompt(b.system, b.self, theDone) },
+		left: func() { b.box.tellPrompt(b.system, b.self, theLeft) },
+	}
 	if prev := b.p.current.Load(); prev != nil {
 		// A restart: the groups the crashed incarnation paused stay
 		// paused, as they are when this one takes over (a ResumeGroup
@@ -176,16 +174,9 @@ func (b *Batcher) startFlow() {
 	b.p.current.Store(in)
 }
 
-// endFlow runs as the incarnation ends, once it is down and before it
-// answers what it holds: on a restart, every group it holds an entry of
-// pauses (those entries are answered ErrBatcherDown and retried), and the
-// paused groups pass to the next incarnation (startFlow), so that no
-// follower overtakes a retry; a batcher that stops takes its limit off the
-// gauge.
+// endFlow runs as the incarnation ends, after it answered what it held: a
+// batcher that stops takes its limit off the gauge.
 func (b *Batcher) endFlow(err error) {
-	if err == messages.ErrBatcherDown && b.p.Tuning.StrictGroups {
-		b.d.pauseHeld(b.now)
-	}
 	if err == messages.ErrStopped && b.p.Tuning.Adaptive {
 		b.recordLimit(0)
 	}
@@ -194,6 +185,13 @@ func (b *Batcher) endFlow(err error) {
 // retryAfter is the answer to a delivery refused for reason: a
 // *messages.RetryAfterError drawn uniformly from (0, RetryAfterMax].
 func (b *Batcher) retryAfter(reason messages.FullReason) error {
-	after := time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
-	return &messages.RetryAfterError{After: after, Reason: reason}
+	return &messages.RetryAfterError{After: b.retryWait(), Reason: reason}
+}
+
+// retryWait is a wait drawn uniformly from (0, RetryAfterMax].
+func (b *Batcher) retryWait() time.Duration {
+	if b.p.Tuning.RetryAfterMax <= 0 {
+		return 0 // a Batcher that Resolve did not set up (tests)
+	}
+	return time.Duration(rand.Int64N(int64(b.p.Tuning.RetryAfterMax))) + 1
 }

@@ -1,15 +1,12 @@
 package batcher
 
 import (
-	"context"
-	"math"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -25,130 +22,6 @@ func strictSettings() settings {
 	s.strict, s.pauseMax = true, int64(30*time.Second)
 	s.maxEntries, s.linger = 1, 0
 	return s
-}
-
-func heldRefs(hs []heldEntry) []string {
-	out := make([]string, len(hs))
-	for i, h := range hs {
-		out[i] = h.e.to.deliver.Ref.(string)
-	}
-	return out
-}
-
-// A retryable failure of g/1 pauses g before its gate opens: g's queued
-// followers are taken out and answered GroupPausedError naming g/1's key,
-// new deliveries of g are answered the same, and g/1's retry resumes g and
-// goes first.
-func TestStrictFailurePausesTheGroupUntilTheRetry(t *testing.T) {
-	d := handoffDispatch(strictSettings())
-	now := int64(1000)
-	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("b", "g", 3, "k3"), keyed("a", "h", 1, "h1")} {
-		require.True(t, d.admit(e, now, false).ok)
-	}
-	f, _ := launchAt(d, now)
-	require.Equal(t, []string{"a/g/1"}, refs(f.entries))
-	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
-	assert.Equal(t, []string{"a/g/2", "b/g/3"}, heldRefs(r.held))
-	for _, h := range r.held {
-		assert.Equal(t, &messages.GroupPausedError{Group: "g", Key: "k1"}, h.err)
-	}
-	assert.Equal(t, []groupFailure{{group: "g", key: "k1"}}, r.paused)
-	require.NotNil(t, r.next, "other groups go on")
-	assert.Equal(t, []string{"a/h/1"}, refs(r.next.entries))
-	assert.Equal(t, []string{"g"}, d.pausedGroups(now))
-	checkCounts(t, d.q)
-
-	a := d.admit(keyed("a", "g", 4, "k4"), now, false)
-	require.False(t, a.ok)
-	assert.Equal(t, &messages.GroupPausedError{Group: "g", Key: "k1"}, a.paused)
-
-	a = d.admit(keyed("a", "g", 1, "k1"), now, false)
-	assert.True(t, a.ok)
-	assert.Equal(t, "g", a.resumed)
-	assert.Empty(t, d.pausedGroups(now))
-	require.True(t, d.admit(keyed("a", "g", 2, "k2"), now, false).ok)
-	next := finishNow(d, r.next)
-	require.NotNil(t, next)
-	assert.Equal(t, []string{"a/g/1"}, refs(next.entries), "the retry goes first")
-}
-
-// A retry that reached the queue before the failed request's end keeps its
-// place: only the entries ahead of it are taken out, and nothing pauses.
-func TestStrictRetryAlreadyQueuedGoesFirst(t *testing.T) {
-	d := handoffDispatch(strictSettings())
-	now := int64(1000)
-	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("a", "g", 1, "k1"), keyed("a", "g", 3, "k3")} {
-		require.True(t, d.admit(e, now, false).ok)
-	}
-	f, _ := launchAt(d, now)
-	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
-	assert.Equal(t, []string{"a/g/2"}, heldRefs(r.held))
-	assert.Empty(t, r.paused)
-	assert.Empty(t, d.pausedGroups(now))
-	require.NotNil(t, r.next)
-	assert.Equal(t, []string{"a/g/1"}, refs(r.next.entries))
-	checkCounts(t, d.q)
-}
-
-// A pause ends by itself after GroupPauseMax, or on ResumeGroup; a failed
-// entry without a key is resumed only those ways.
-func TestStrictPauseEndsAtGroupPauseMaxOrOnResume(t *testing.T) {
-	s := strictSettings()
-	d := handoffDispatch(s)
-	now := int64(1000)
-	q := d.q
-	_, paused := q.pauseGroup(groupFailure{group: "g"}, now)
-	require.True(t, paused)
-	_, paused = q.pauseGroup(groupFailure{group: "h", key: "kh"}, now+5)
-	require.True(t, paused)
-	assert.Equal(t, now+s.pauseMax, q.wake(), "the actor wakes when the first pause runs out")
-	e := keyed("a", "g", 1, "")
-	err, _ := q.checkPaused(e, now+1)
-	assert.Equal(t, &messages.GroupPausedError{Group: "g"}, err, "no key: a delivery without one does not resume")
-	assert.Empty(t, q.expirePauses(now+s.pauseMax-1))
-	assert.Equal(t, []string{"g"}, q.expirePauses(now+s.pauseMax))
-	assert.Equal(t, []string{"h"}, d.pausedGroups(now+s.pauseMax))
-	assert.True(t, d.resumeGroup("h"))
-	assert.False(t, d.resumeGroup("h"))
-	assert.Empty(t, d.pausedGroups(now))
-}
-
-// A pause survives a restart: the crashed incarnation's paused groups are
-// copied to the next.
-func TestStrictPausesCloneForTheNextIncarnation(t *testing.T) {
-	q := newQueue(strictSettings())
-	q.pauseGroup(groupFailure{group: "g", key: "k"}, 0)
-	c := q.paused.clone()
-	q.resume("g")
-	assert.Equal(t, pause{key: "k", until: q.s.pauseMax}, c.m["g"])
-	assert.Equal(t, int64(math.MaxInt64), pauses{}.clone().minUntil)
-}
-
-// learn pauses only for retryable failures, once per group, keyed by the
-// group's first failed entry in the request; throttling and deadlines are
-// back pressure.
-func TestLearnFindsEachGroupsFirstRetryableFailure(t *testing.T) {
-	b := &Batcher{p: &Params{Tuning: codec.Tuning{StrictGroups: true}}}
-	retry := &codec.EntryError{Code: "InternalError"}
-	perm := &codec.EntryError{Code: "InvalidMessageContents", Permanent: true}
-	throttled := &codec.EntryError{Code: "ThrottlingException", Throttled: true}
-	msgs := []codec.Message{
-		{Group: "g", IdempotencyKey: "g1"}, {Group: "p", IdempotencyKey: "p1"}, {Group: "g", IdempotencyKey: "g2"},
-		{Group: "", IdempotencyKey: "u"}, {Group: "t", IdempotencyKey: "t1"}, {Group: "g", IdempotencyKey: "g3"},
-	}
-	res := []codec.Result{{ID: "1"}, {Err: perm}, {Err: retry}, {Err: retry}, {Err: throttled}, {Err: retry}}
-	o := b.learn(msgs, res, nil, time.Millisecond)
-	assert.Equal(t, []groupFailure{{group: "g", key: "g2"}, {group: "t", key: "t1"}}, o.failures)
-	assert.True(t, o.ok)
-	assert.True(t, o.pressured)
-
-	o = b.learn(msgs[:1], []codec.Result{{Err: context.DeadlineExceeded}}, context.DeadlineExceeded, time.Second)
-	assert.False(t, o.ok)
-	assert.True(t, o.pressured)
-	assert.Equal(t, []groupFailure{{group: "g", key: "g1"}}, o.failures)
-
-	b.p.Tuning.StrictGroups = false
-	assert.Empty(t, b.learn(msgs, res, nil, 0).failures, "without StrictGroups nothing pauses")
 }
 
 func blockSettings(queueMax int) settings {
@@ -195,8 +68,9 @@ func TestBlockWaitersAreAdmittedRoundRobin(t *testing.T) {
 	checkCounts(t, d.q)
 }
 
-// A delivery waits behind its tenant's waiters though it fits, and a
-// group's waiters are admitted in their order across tenants.
+// While anything waits, a delivery waits too, though it fits: the room that
+// frees is the waiters' in their turn. A group's waiters are admitted in
+// their order across tenants.
 func TestBlockKeepsTenantAndGroupOrder(t *testing.T) {
 	s := blockSettings(10)
 	s.tenantMax = 1
@@ -209,9 +83,10 @@ func TestBlockKeepsTenantAndGroupOrder(t *testing.T) {
 		require.False(t, ok)
 		require.True(t, q.wait(e))
 	}
-	// c fits, but a new delivery of g waits behind g's waiters.
-	_, ok := q.admit(mk("c", "", 1, 1), now)
-	assert.True(t, ok)
+	// c fits, but waits for its turn; so does a new delivery of g.
+	reason, ok := q.admit(mk("c", "", 1, 1), now)
+	assert.False(t, ok)
+	assert.Equal(t, messages.FullEntries, reason)
 	_, ok = q.admit(mk("c", "g", 3, 1), now)
 	assert.False(t, ok)
 	q.s.tenantMax = 10
@@ -220,6 +95,46 @@ func TestBlockKeepsTenantAndGroupOrder(t *testing.T) {
 	l := q.groups["g"]
 	assert.Equal(t, []string{"a/g/1", "b/g/2"}, refs(l.appendLive(nil)))
 	checkCounts(t, q)
+}
+
+// The waiter whose turn it is keeps it until the room it needs frees: a
+// smaller waiter behind it does not take the room freed meanwhile (a large
+// message would starve beside small ones). A waiter held by its own
+// tenant's bound passes its turn on.
+func TestBlockTheWaiterWhoseTurnItIsKeepsIt(t *testing.T) {
+	s := blockSettings(10)
+	s.queueMaxBytes, s.maxBytes = 1000, 1000
+	d := handoffDispatch(s)
+	d.q.s.maxInflight = 8
+	now := int64(0)
+	for i := range 9 {
+		require.True(t, d.admit(mk("small", "", i, 100), now, false).ok)
+	}
+	big := mk("big", "", 1, 800)
+	require.True(t, d.admit(big, now, false).waiting)
+	small := mk("small", "", 99, 100)
+	require.True(t, d.admit(small, now, false).waiting, "it fits, but the big waiter's turn comes first")
+	for range 6 { // 900 bytes queued, then 800, ... 300
+		f, _ := launchAt(d, now)
+		require.NotNil(t, f)
+		assert.Nil(t, big.lane, "not yet room for big")
+		assert.Nil(t, small.lane, "small waits for big")
+	}
+	f, _ := launchAt(d, now) // 200 bytes queued: big fits
+	require.NotNil(t, f)
+	assert.NotNil(t, big.lane, "big is admitted as soon as its room has freed")
+	checkCounts(t, d.q)
+
+	s = blockSettings(10)
+	s.tenantMax = 1
+	q := newQueue(s)
+	admitAll(t, q, mk("a", "", 0, 1))
+	a1, b1 := mk("a", "", 1, 1), mk("b", "", 1, 1)
+	require.True(t, q.wait(a1))
+	require.True(t, q.wait(b1))
+	assert.Empty(t, q.promote(now, everyoneAlive))
+	assert.NotNil(t, b1.lane, "a's own bound holds a1; b1 takes its turn")
+	assert.Nil(t, a1.lane)
 }
 
 // A waiter whose deadline passes is removed, to be answered; it was never
@@ -251,24 +166,6 @@ func TestBlockDrainReturnsWaiters(t *testing.T) {
 	assert.Equal(t, []*entry{w}, d.setDraining())
 	a := d.admit(mk("a", "", 2, 1), now, false)
 	assert.True(t, a.stopped)
-}
-
-// A paused group's waiters are taken out with its queued entries.
-func TestStrictPauseTakesOutWaiters(t *testing.T) {
-	s := strictSettings()
-	s.block, s.queueMax = true, 2
-	d := handoffDispatch(s)
-	now := int64(0)
-	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2")} {
-		require.True(t, d.admit(e, now, false).ok)
-	}
-	f, _ := launchAt(d, now) // g/1; g/2 stays, gated
-	require.True(t, d.admit(keyed("a", "g", 3, "k3"), now, false).ok)
-	require.True(t, d.admit(keyed("a", "g", 4, "k4"), now, false).waiting)
-	r := d.finishWith(f, now, outcome{failures: []groupFailure{{group: "g", key: "k1"}}})
-	assert.Equal(t, []string{"a/g/2", "a/g/3", "a/g/4"}, heldRefs(r.held))
-	assert.Equal(t, 0, d.q.waits.n)
-	assert.Equal(t, 0, d.q.queued)
 }
 
 // The limiter grows by one per window while request time stays near its
@@ -348,51 +245,6 @@ func launchAt(d *dispatch, now int64) (*inflight, []*entry) {
 	return d.launchLocked(now)
 }
 
-// A delivery of a group refused because the queue is full pauses the group
-// for new deliveries, keyed by the refused message, so that a later one
-// that finds room is not stored before its retry; the group's queued
-// entries stay.
-func TestStrictRefusalPausesNewDeliveries(t *testing.T) {
-	s := strictSettings()
-	s.queueMax = 1
-	d := handoffDispatch(s)
-	now := int64(0)
-	require.True(t, d.admit(keyed("a", "g", 1, "k1"), now, false).ok)
-	a := d.admit(keyed("a", "g", 2, "k2"), now, false)
-	require.False(t, a.ok)
-	assert.Equal(t, "g", a.pausedRefused)
-	a = d.admit(keyed("a", "g", 3, "k3"), now, false)
-	assert.Equal(t, &messages.GroupPausedError{Group: "g", Key: "k2"}, a.paused)
-	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
-	assert.False(t, a.ok, "the retry is refused too: the queue is still full")
-	assert.Equal(t, []string{"g"}, d.pausedGroups(now), "and the group stays paused")
-	f, _ := launchAt(d, now)
-	assert.Equal(t, []string{"a/g/1"}, refs(f.entries), "the queued entry goes")
-	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
-	assert.True(t, a.ok)
-	assert.Equal(t, "g", a.resumed)
-}
-
-// A crash pauses every group the incarnation held an entry of, keyed by
-// its first (in a request before queued), and the pauses carry over.
-func TestStrictCrashPausesHeldGroups(t *testing.T) {
-	d := handoffDispatch(strictSettings())
-	now := int64(0)
-	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("a", "h", 1, "h1")} {
-		require.True(t, d.admit(e, now, false).ok)
-	}
-	f, _ := launchAt(d, now)
-	require.Equal(t, []string{"a/g/1"}, refs(f.entries))
-	d.markDown()
-	d.pauseHeld(now)
-	c := d.pauses()
-	assert.Equal(t, "k1", c.m["g"].key)
-	assert.Equal(t, "h1", c.m["h"].key)
-	next := handoffDispatch(strictSettings())
-	next.seedPauses(c)
-	assert.Equal(t, []string{"g", "h"}, next.pausedGroups(now))
-}
-
 // A full waiting list does not give away a waiter that a later waiter of
 // its group stands behind: that one would overtake it.
 func TestBlockEvictionKeepsGroupOrder(t *testing.T) {
@@ -437,58 +289,8 @@ func TestBlockSweepAfterARemovalBehindTheHead(t *testing.T) {
 	for _, e := range []*entry{first, g, last} {
 		require.True(t, q.wait(e))
 	}
-	held, _ := q.pauseGroup(groupFailure{group: "g"}, 0) // takes g/2 out of the middle
-	require.Len(t, held, 1)
+	g.rank, first.rank, last.rank = 2, 1, 3
+	q.waits.remove(g) // takes g/2 out of the middle
 	assert.Equal(t, []*entry{first}, q.sweepWaiters(10, everyoneAlive))
 	assert.Equal(t, 1, q.waits.n)
-}
-
-// Pauses move between queues (cluster mode's hand-off): takePauses removes
-// the running ones with the time each has left, sorted, and leaves the
-// queue with none (it may then stop idle); adoptPauses sets them from the
-// taker's now, cut to its GroupPauseMax, keeps a pause the taker had, and
-// skips a pause with no time left or no group. The adopted group is held
-// until its key comes, and the adopted pause wakes the actor when it ends.
-func TestStrictPausesMoveBetweenQueues(t *testing.T) {
-	s := strictSettings()
-	from := newQueue(s)
-	from.pauseGroup(groupFailure{group: "b", key: "kb"}, 0)
-	from.pauseGroup(groupFailure{group: "a", key: "ka"}, 10)
-	from.pauseGroup(groupFailure{group: "gone"}, -s.pauseMax)
-	taken := from.takePauses(100)
-	assert.Equal(t, []messages.PausedGroup{
-		{Group: "a", Key: "ka", Left: time.Duration(s.pauseMax - 90)},
-		{Group: "b", Key: "kb", Left: time.Duration(s.pauseMax - 100)},
-	}, taken, "sorted, each with its time left; the one that ran out stays behind")
-	assert.Empty(t, from.pausedGroups())
-	assert.Equal(t, int64(math.MaxInt64), from.paused.minUntil)
-	assert.Nil(t, from.takePauses(100), "nothing is taken twice")
-
-	to := newQueue(s)
-	to.pauseGroup(groupFailure{group: "b", key: "own"}, 5000)
-	to.adoptPauses(append(taken,
-		messages.PausedGroup{Group: "long", Key: "kl", Left: time.Duration(10 * s.pauseMax)},
-		messages.PausedGroup{Group: "spent", Key: "ks"},
-		messages.PausedGroup{Key: "nogroup", Left: time.Second},
-	), 5000)
-	assert.Equal(t, []string{"a", "b", "long"}, to.pausedGroups())
-	assert.Equal(t, pause{key: "ka", until: 5000 + s.pauseMax - 90}, to.paused.m["a"])
-	assert.Equal(t, pause{key: "own", until: 5000 + s.pauseMax}, to.paused.m["b"], "the taker's own pause is kept")
-	assert.Equal(t, pause{key: "kl", until: 5000 + s.pauseMax}, to.paused.m["long"], "cut to GroupPauseMax")
-	assert.Equal(t, 5000+s.pauseMax-90, to.wake())
-	err, _ := to.checkPaused(keyed("x", "a", 1, "other"), 5001)
-	assert.Equal(t, &messages.GroupPausedError{Group: "a", Key: "ka"}, err)
-	err, resumed := to.checkPaused(keyed("x", "a", 1, "ka"), 5001)
-	assert.Nil(t, err)
-	assert.True(t, resumed, "the failed message's retry resumes the adopted pause")
-}
-
-// A destination without StrictGroups adopts no pause: its deliveries are
-// never answered GroupPausedError.
-func TestAdoptPausesNeedsStrictGroups(t *testing.T) {
-	q := newQueue(testSettings())
-	q.adoptPauses([]messages.PausedGroup{{Group: "g", Key: "k", Left: time.Minute}}, 0)
-	assert.Empty(t, q.pausedGroups())
-	err, _ := q.checkPaused(keyed("a", "g", 1, ""), 1)
-	assert.Nil(t, err)
 }

@@ -137,10 +137,9 @@ func ffRun(t *testing.T, data []byte) {
 			default:
 				fe.state = ffAnswered
 			}
-			if g := e.msg.Group; g != "" {
-				if _, paused := d.q.paused.m[g]; paused && a.paused == nil && !a.ok && !a.waiting {
-					require.Equal(t, g, a.pausedRefused, "a refusal of %s pauses it", g)
-				}
+			if g := e.msg.Group; g != "" && !a.ok && !a.waiting {
+				_, paused := d.q.paused.m[g]
+				require.True(t, paused, "a refusal of %s leaves it paused", g)
 			}
 		case kind == 3:
 			f, dropped := launchAt(d, now)
@@ -162,19 +161,21 @@ func ffRun(t *testing.T, data []byte) {
 			if v%2 == 1 {
 				for _, e := range f.entries {
 					if e.msg.Group != "" {
-						o.failures = []groupFailure{{group: e.msg.Group, key: e.msg.IdempotencyKey}}
+						o = failing(f, e.msg.IdempotencyKey)
 						lastFailedKey = e.msg.IdempotencyKey
 						break
 					}
 				}
 			}
-			for _, e := range f.entries {
-				answer(e, "finish")
-			}
 			r := d.finishWith(f, now, o)
+			for i, e := range f.entries {
+				if r.won[i] {
+					answer(e, "finish")
+				}
+			}
 			for _, h := range r.held {
-				answer(h.e, "paused")
-				require.Equal(t, h.e.msg.Group, h.err.Group)
+				answer(h, "paused")
+				require.NotEmpty(t, h.heldBy)
 			}
 			for _, x := range r.dropped {
 				answer(x, "finish's take")
@@ -186,6 +187,10 @@ func ffRun(t *testing.T, data []byte) {
 		case kind == 5:
 			for _, x := range d.sweep(now) {
 				answer(x, "sweep")
+			}
+			late, held := d.expire(now)
+			for _, x := range append(late, held...) {
+				answer(x, "expire")
 			}
 		case kind == 6:
 			d.resumeGroup(groups[v%3])
@@ -222,10 +227,12 @@ func ffRun(t *testing.T, data []byte) {
 	for len(running) > 0 {
 		f := running[0]
 		running = running[1:]
-		for _, e := range f.entries {
-			answer(e, "end")
-		}
 		r := d.finishWith(f, now, outcome{})
+		for i, e := range f.entries {
+			if r.won[i] {
+				answer(e, "end")
+			}
+		}
 		for _, x := range r.dropped {
 			answer(x, "end's take")
 		}
@@ -234,7 +241,7 @@ func ffRun(t *testing.T, data []byte) {
 			running = append(running, r.next)
 		}
 	}
-	for _, e := range d.abandon() {
+	for _, e := range d.abandon(now, false) {
 		answer(e, "abandon")
 	}
 	for _, fe := range all {

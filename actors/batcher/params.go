@@ -62,6 +62,26 @@ type Params struct {
 	// from other goroutines, and, as the next one starts, the crashed one
 	// whose paused groups it takes over (startFlow).
 	current atomic.Pointer[incarnation]
+	// waiting is the running incarnation's count of deliveries waiting for
+	// room (WhenFull Block), as of its last advance: CallerLeft wakes the
+	// actor only when someone waits.
+	waiting atomic.Int64
+}
+
+// CallerLeft tells the destination's batcher that one of its callers gave
+// up before its deadline (its context was cancelled), so that the room its
+// entry held goes at once to a delivery waiting for room (WhenFull Block):
+// the actor sweeps the queue for callers that left and admits the waiters
+// that fit, in the same turn of its mailbox. Without waiters it does
+// nothing: the next delivery that needs room sweeps. Safe for concurrent
+// use.
+func (p *Params) CallerLeft() {
+	if p.waiting.Load() == 0 {
+		return
+	}
+	if in := p.current.Load(); in != nil {
+		in.left()
+	}
 }
 
 // Resolve checks a codec's Limits and Tuning and returns the tuning with

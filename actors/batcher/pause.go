@@ -9,26 +9,45 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
-// This file holds the strict-group rules (Tuning.StrictGroups). A retryable
-// failure of an entry of group G pauses G: G's queued and waiting entries
-// are taken out, to be answered *messages.GroupPausedError, and so is every
-// new delivery of G, until one of three things resumes it: a delivery whose
-// IdempotencyKey is the failed entry's (the caller's retry, which is then
-// admitted first), ResumeGroup, or GroupPauseMax passing. A permanent
-// failure does not pause: that message will never come back. A delivery of
-// G refused because the queue is full pauses G too, for new deliveries
-// only: G's queued entries came before it. An entry that expires in the
-// queue pauses nothing: its caller gave up, and may not come back.
+// This file holds the strict-group rule (Tuning.StrictGroups), in one place:
 //
-// The pause is set by the request goroutine that saw the failure, in
-// dispatch.finish, under the lock and before the group's gate opens, so no
-// follower of the failed entry leaves in between. Like the rest of the
-// queue, these rules read no clock: now comes in as an argument.
+// Every answer that leaves a message's fate to its caller — a retryable
+// failure, an expiry in the queue or in flight, a caller that left, a
+// refusal for fullness, a restart — pauses the message's group (interrupt).
+// The group then waits for the retries of the interrupted messages, and of
+// the group's later messages it takes out of the queue and the waiting list
+// (held: answered *messages.GroupPausedError), in the order the group first
+// delivered them; a delivery of the group that is not the retry it waits
+// for next is answered GroupPausedError naming that retry's key. The group
+// resumes once every retry it waits for is in, on ResumeGroup, or when
+// GroupPauseMax passes since its last interruption.
+//
+// Order is kept by rank: each delivery of a group gets the next rank when
+// it is admitted, and a retry the group waits for takes the rank of the
+// delivery it repeats. So the keys a paused group waits for are its
+// interrupted and held messages sorted by rank, which is the order the
+// group first delivered them, whichever of them was interrupted first (an
+// entry that expired in flight, then one behind it in the same request
+// that failed when the request ended).
+//
+// A permanent failure does not pause: that message will never come back.
+// A caller that retries each failed or paused message, in its own order,
+// with the same key, therefore sees its group stored in first-delivery
+// order. The one exception is the destination's: entries of one group in
+// one request are answered each alone, so a later entry may be stored while
+// an earlier one failed (see the actors package doc).
+
+// waitKey is a retry a paused group waits for: the key and the rank of the
+// delivery it repeats.
+type waitKey struct {
+	key  string
+	rank uint64
+}
 
 // pause is one paused group.
 type pause struct {
-	key   string // IdempotencyKey of the failed entry whose retry resumes the group; "" none
-	until int64  // Unix nanoseconds at which the group resumes on its own
+	keys  []waitKey // sorted by rank, no key twice; keys[0] is admitted next
+	until int64     // the clock's time at which the group resumes on its own
 }
 
 // pauses are a destination's paused groups. The map holds paused groups
@@ -38,91 +57,147 @@ type pauses struct {
 	minUntil int64 // no pause ends earlier; MaxInt64 when none
 }
 
-// groupFailure is a group's first retryable failure in one request, in the
-// request's order: its entry's IdempotencyKey resumes the group.
-type groupFailure struct {
-	group string
-	key   string
+// nextRank gives a new delivery its rank.
+func (q *queue) newRank() uint64 {
+	q.rank++
+	return q.rank
 }
 
-// heldEntry is an entry taken out of the queue (or the waiting list)
-// because its group paused, with the answer it gets.
-type heldEntry struct {
-	e   *entry
-	err *messages.GroupPausedError
+// checkPaused says whether a delivery of group g with key may be admitted
+// at now. If g is paused it may only if key is the retry g waits for next
+// (retry: the delivery takes rank, and admitted must be called once it is
+// queued or waiting); otherwise next is the key g waits for. A pause that
+// has run out resumes g here.
+func (q *queue) checkPaused(g, key string, now int64) (next string, paused, retry bool, rank uint64) {
+	if g == "" || len(q.paused.m) == 0 {
+		return "", false, false, 0
+	}
+	p, ok := q.paused.m[g]
+	if !ok {
+		return "", false, false, 0
+	}
+	if now >= p.until {
+		delete(q.paused.m, g)
+		return "", false, false, 0
+	}
+	if p.keys[0].key == key {
+		return "", true, true, p.keys[0].rank
+	}
+	return p.keys[0].key, true, false, 0
 }
 
-// pauseGroup pauses f.group after its entry keyed f.key failed at now, and
-// returns the group's queued and waiting entries it took out, in order, to
-// be answered GroupPausedError. If an entry carrying f.key is already
-// queued or waiting (its caller retried before the failed request's end got
-// here), the group does not pause: only the entries ahead of the retry are
-// taken out, so that it goes first. paused says which happened.
-func (q *queue) pauseGroup(f groupFailure, now int64) (held []heldEntry, paused bool) {
-	answer := &messages.GroupPausedError{Group: f.group, Key: f.key}
-	var ahead []*entry
-	if l := q.groups[f.group]; l != nil {
-		ahead = l.appendLive(nil)
+// admitted notes that the retry g waited for next is queued or waiting,
+// and reports whether g has resumed (it waits for nothing more).
+func (q *queue) admitted(g string) (resumed bool) {
+	p := q.paused.m[g]
+	if len(p.keys) <= 1 {
+		delete(q.paused.m, g)
+		return true
 	}
-	ahead = append(ahead, q.waits.group(f.group)...)
-	retry := -1
-	if f.key != "" {
-		retry = slices.IndexFunc(ahead, func(e *entry) bool { return e.msg.IdempotencyKey == f.key })
+	p.keys = p.keys[1:]
+	q.paused.m[g] = p
+	return false
+}
+
+// interrupt applies the rule to es, entries of this destination (queued,
+// waiting, in a request, or never admitted) whose callers are being
+// answered without a final result: each of their groups pauses, or stays
+// paused, waiting for their retries and for those of the group's later
+// entries, which it takes out of the queue and the waiting list and returns
+// as held, each with heldBy set to the key the group now waits for first.
+// began lists the groups that were not paused before. Without StrictGroups
+// it does nothing.
+func (q *queue) interrupt(es []*entry, now int64) (held []*entry, began []string) {
+	if !q.s.strict {
+		return nil, nil
 	}
-	if retry >= 0 {
-		ahead = ahead[:retry]
-	}
-	for _, e := range ahead {
-		if e.lane != nil {
-			q.remove(e)
-		} else {
-			q.waits.remove(e)
+	var done map[string]bool
+	for i, e := range es {
+		g := e.msg.Group
+		if g == "" || done[g] {
+			continue
 		}
-		held = append(held, heldEntry{e: e, err: answer})
+		if done == nil {
+			done = make(map[string]bool)
+		}
+		done[g] = true
+		var keys []waitKey
+		first := e.rank
+		for _, x := range es[i:] {
+			if x.msg.Group == g {
+				keys = append(keys, waitKey{x.msg.IdempotencyKey, x.rank})
+				first = min(first, x.rank)
+			}
+		}
+		from := len(held)
+		if l := q.groups[g]; l != nil {
+			for _, x := range l.entries[l.head:] {
+				// remove may clear slots at the head as it goes.
+				if x != nil && !x.dead && x.rank > first {
+					q.remove(x)
+					held = append(held, x)
+				}
+			}
+		}
+		for _, x := range q.waits.group(g) {
+			if x.rank > first {
+				q.waits.remove(x)
+				held = append(held, x)
+			}
+		}
+		for _, x := range held[from:] {
+			keys = append(keys, waitKey{x.msg.IdempotencyKey, x.rank})
+		}
+		p, was := q.paused.m[g]
+		if !was {
+			began = append(began, g)
+		}
+		p.keys = mergeKeys(p.keys, keys)
+		q.setPause(g, p.keys, now, q.s.pauseMax)
+		for _, x := range held[from:] {
+			x.heldBy = p.keys[0].key
+		}
 	}
-	if retry >= 0 {
-		return held, false
-	}
-	// A pause already set (by a refusal) names a message admitted after
-	// this one: this one's retry must come first.
-	q.setPause(f, now)
-	return held, true
+	return held, began
 }
 
-// pauseNew pauses f.group after its delivery keyed f.key was refused (the
-// queue was full) at now, unless the group is paused already. The group's
-// queued entries stay: they were admitted before the refused one and go
-// first. Without the pause, a later delivery of the group that finds room
-// would be stored before the refused one's retry.
-func (q *queue) pauseNew(f groupFailure, now int64) bool {
-	if _, ok := q.paused.m[f.group]; ok {
+// mergeKeys is a and b, one list sorted by rank with no key twice (the
+// lower rank stays).
+func mergeKeys(a, b []waitKey) []waitKey {
+	out := append(slices.Clone(a), b...)
+	slices.SortStableFunc(out, func(x, y waitKey) int {
+		switch {
+		case x.rank < y.rank:
+			return -1
+		case x.rank > y.rank:
+			return 1
+		}
+		return 0
+	})
+	seen := make(map[string]bool, len(out))
+	return slices.DeleteFunc(out, func(k waitKey) bool {
+		if seen[k.key] {
+			return true
+		}
+		seen[k.key] = true
 		return false
-	}
-	q.setPause(f, now)
-	return true
+	})
 }
 
-// setPause records f.group's pause from now.
-func (q *queue) setPause(f groupFailure, now int64) {
-	q.setPauseFor(f, now, q.s.pauseMax)
-}
-
-// setPauseFor records f.group's pause from now, for d.
-func (q *queue) setPauseFor(f groupFailure, now, d int64) {
+// setPause records g's pause, waiting for keys, from now for d.
+func (q *queue) setPause(g string, keys []waitKey, now, d int64) {
 	if q.paused.m == nil {
 		q.paused.m = make(map[string]pause)
 	}
-	until := now + d
-	if now > math.MaxInt64-d {
-		until = math.MaxInt64
-	}
-	q.paused.m[f.group] = pause{key: f.key, until: until}
+	until := addSat(now, d)
+	q.paused.m[g] = pause{keys: keys, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
 }
 
 // takePauses removes the pauses still running at now and returns them,
-// sorted by group, each with the time it has left: the destination moves
-// to another instance (cluster mode's hand-off), which adopts them.
+// sorted by group, each with the keys it waits for and the time it has
+// left: the destination moves to another instance (cluster mode's
+// hand-off), which adopts them.
 func (q *queue) takePauses(now int64) []messages.PausedGroup {
 	q.expirePauses(now)
 	if len(q.paused.m) == 0 {
@@ -130,7 +205,11 @@ func (q *queue) takePauses(now int64) []messages.PausedGroup {
 	}
 	out := make([]messages.PausedGroup, 0, len(q.paused.m))
 	for g, p := range q.paused.m {
-		out = append(out, messages.PausedGroup{Group: g, Key: p.key, Left: time.Duration(p.until - now)})
+		pg := messages.PausedGroup{Group: g, Key: p.keys[0].key, Left: time.Duration(p.until - now)}
+		for _, k := range p.keys[1:] {
+			pg.Then = append(pg.Then, k.key)
+		}
+		out = append(out, pg)
 	}
 	slices.SortFunc(out, func(a, b messages.PausedGroup) int { return strings.Compare(a.Group, b.Group) })
 	q.paused = pauses{minUntil: math.MaxInt64}
@@ -138,11 +217,12 @@ func (q *queue) takePauses(now int64) []messages.PausedGroup {
 }
 
 // adoptPauses pauses the groups another instance handed over, from now for
-// the time each had left there (at most GroupPauseMax), so that their next
-// deliveries wait for the failed messages' retries here too. A group
-// paused here already keeps its own pause, and one with no time left is
-// not paused. The groups' queued entries, if any, stay: they were admitted
-// before the hand-over. A destination without StrictGroups pauses nothing.
+// the time each had left there (at most GroupPauseMax), waiting for the same
+// retries in the same order, ranked before anything admitted here later. A
+// group paused here already keeps its own pause, and one with no time left
+// is not paused. The groups' queued entries, if any, stay: they were
+// admitted before the hand-over. A destination without StrictGroups pauses
+// nothing.
 func (q *queue) adoptPauses(ps []messages.PausedGroup, now int64) {
 	if !q.s.strict {
 		return
@@ -154,28 +234,12 @@ func (q *queue) adoptPauses(ps []messages.PausedGroup, now int64) {
 		if _, ok := q.paused.m[p.Group]; ok {
 			continue
 		}
-		q.setPauseFor(groupFailure{group: p.Group, key: p.Key}, now, min(int64(p.Left), q.s.pauseMax))
+		var keys []waitKey
+		for _, k := range append([]string{p.Key}, p.Then...) {
+			keys = append(keys, waitKey{k, q.newRank()})
+		}
+		q.setPause(p.Group, mergeKeys(nil, keys), now, min(int64(p.Left), q.s.pauseMax))
 	}
-}
-
-// checkPaused says whether e's group is paused at now: err is the answer
-// e gets if it is. A delivery carrying the failed entry's key resumes the
-// group and is admitted (resumed true), and so is any delivery once the
-// pause has run out.
-func (q *queue) checkPaused(e *entry, now int64) (err *messages.GroupPausedError, resumed bool) {
-	g := e.msg.Group
-	if g == "" || len(q.paused.m) == 0 {
-		return nil, false
-	}
-	p, ok := q.paused.m[g]
-	if !ok {
-		return nil, false
-	}
-	if now >= p.until || (p.key != "" && e.msg.IdempotencyKey == p.key) {
-		delete(q.paused.m, g)
-		return nil, true
-	}
-	return &messages.GroupPausedError{Group: g, Key: p.key}, false
 }
 
 // resume resumes group g; it reports whether g was paused.
@@ -219,12 +283,13 @@ func (q *queue) pausedGroups() []string {
 }
 
 // clone copies p, for the incarnation that follows a crash: a restart must
-// not let a paused group's followers overtake the failed entry's retry.
+// not let a paused group's followers overtake the retries it waits for.
 func (p pauses) clone() pauses {
 	c := pauses{minUntil: p.minUntil}
 	if len(p.m) > 0 {
 		c.m = make(map[string]pause, len(p.m))
 		for g, v := range p.m {
+			v.keys = slices.Clone(v.keys)
 			c.m[g] = v
 		}
 	}

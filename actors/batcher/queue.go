@@ -33,6 +33,11 @@ type entry struct {
 	// waited: the entry has been in the waiting list, whose slices may
 	// still hold it: its Room is never released (see Owner).
 	waited bool
+	// rank orders the entries of a group by first delivery (pause.go).
+	rank uint64
+	// heldBy: the entry was taken out because its group paused; it is
+	// answered GroupPausedError naming this key (pause.go).
+	heldBy string
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
@@ -109,7 +114,8 @@ type queue struct {
 	// interrupted (see keep): drainAll returns them.
 	kept []*entry
 
-	paused pauses   // StrictGroups: the groups paused after a failure
+	paused pauses   // StrictGroups: the paused groups (pause.go)
+	rank   uint64   // the rank given last (pause.go)
 	waits  waitlist // WhenFull Block: deliveries waiting for room
 }
 
@@ -311,8 +317,7 @@ func (q *queue) keep(removed []*entry) {
 func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 	e := l.entries[l.head]
 	if e.deadline <= b.now || !b.alive(e) {
-		q.remove(e)
-		b.dropped = append(b.dropped, e)
+		q.drop(b, e)
 		return false, false
 	}
 	if b.bytes+int(e.size) > q.s.maxBytes {
@@ -323,6 +328,18 @@ func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 	b.batch = append(b.batch, e)
 	b.bytes += int(e.size)
 	return true, false
+}
+
+// drop removes e, a queued entry whose deadline has passed or whose caller
+// is gone, into b.dropped, with the entries its group holds back for it
+// (pause.go): none of the group's later entries may leave before its retry.
+func (q *queue) drop(b *batchBuilder, e *entry) {
+	q.remove(e)
+	b.dropped = append(b.dropped, e)
+	if q.s.strict && e.msg.Group != "" {
+		held, _ := q.interrupt([]*entry{e}, b.now)
+		b.dropped = append(b.dropped, held...)
+	}
 }
 
 // takeOneGroup is take for destinations whose requests hold one group: the
@@ -338,8 +355,7 @@ func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry
 		if e.deadline > now && alive(e) {
 			break
 		}
-		q.remove(e)
-		b.dropped = append(b.dropped, e)
+		q.drop(b, e)
 	}
 	if q.ring == nil {
 		_, dropped = q.built()
@@ -447,6 +463,9 @@ func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
 		visit(l)
 	}
 	q.minDeadline = minDeadline
+	// The dropped entries' groups hold back their later entries (pause.go).
+	held, _ := q.interrupt(b.dropped, now)
+	b.dropped = append(b.dropped, held...)
 	_, dropped = q.built()
 	return dropped
 }

@@ -232,11 +232,16 @@ func (b *Batcher) alive(e *entry) bool {
 	return ok
 }
 
-// answerDropped answers the entries the queue dropped at now: those whose
+// answerDropped answers the entries the queue dropped at now: those its
+// group held back for a retry (pause.go) get GroupPausedError; those whose
 // deadline passed get errExpired (if their caller still listens: see
 // tell); those whose caller is gone get nothing (a Forgetter is told).
 func (b *Batcher) answerDropped(dropped []*entry, now int64) {
 	for _, e := range dropped {
+		if e.heldBy != "" {
+			b.reply(e.to, codec.Result{Err: b.groupPaused(e.msg.Group, e.heldBy)})
+			continue
+		}
 		if e.deadline <= now {
 			b.reply(e.to, codec.Result{Err: errExpired})
 			continue

@@ -35,11 +35,13 @@ func (b *Batcher) run(f *inflight) {
 		// told of a retryable failure finds its group paused (a
 		// ResumeGroup it makes then resumes it), then the actor is told.
 		now := clock()
+		o.won = buf.won
 		r := b.d.finishWith(f, now, o)
-		b.answer(f, buf)
+		buf.won = r.won
+		b.answer(f, buf, r.won)
 		next, panicked := r.next, r.panicked
 		b.answerDropped(r.dropped, now)
-		b.settle(r)
+		b.settle(r, now)
 		if panicked != nil {
 			tell(b.system, b.self, &goroutinePanic{from: b.d, reason: panicked, stack: debug.Stack()})
 		}
@@ -80,6 +82,7 @@ func (b *Batcher) waited(f *inflight, start int64) {
 type buffers struct {
 	msgs    []codec.Message
 	results []codec.Result
+	won     []bool
 }
 
 // request sends f's batch and leaves each message's result in buf, for
@@ -104,19 +107,19 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})
 	report.Bisections = report.Requests - 1
 	report.Duration = time.Since(start)
-	return report, b.learn(msgs, results, failed, report.Duration)
+	return report, b.learn(results, failed, report.Duration)
 }
 
-// answer answers each of f's callers whose claim it wins with its result
-// from buf, and lets go of the batch's payloads and ids: the goroutine may
-// wait a while for its next request, or end.
-func (b *Batcher) answer(f *inflight, buf *buffers) {
+// answer answers each of f's callers whose claim finishWith won for it
+// (won) with its result from buf, and lets go of the batch's payloads and
+// ids: the goroutine may wait a while for its next request, or end.
+func (b *Batcher) answer(f *inflight, buf *buffers, won []bool) {
 	n := len(f.entries)
 	msgs, results := buf.msgs[:n], buf.results[:n]
 	defer clear(msgs)
 	defer clear(results)
 	for i, e := range f.entries {
-		if f.claims[i].CompareAndSwap(false, true) {
+		if won[i] {
 			b.reply(e.to, results[i])
 			release(e)
 		}
@@ -203,7 +206,7 @@ func (b *Batcher) bisectHolding(ctx context.Context, trigger telemetry.Trigger, 
 	var at []int
 	for i, m := range p.msgs {
 		if key, ok := held[m.Group]; ok && m.Group != "" {
-			p.out[i] = codec.Result{Err: &messages.GroupPausedError{Group: m.Group, Key: key}}
+			p.out[i] = codec.Result{Err: b.groupPaused(m.Group, key)}
 			continue
 		}
 		send.msgs, send.entries, at = append(send.msgs, m), append(send.entries, p.entries[i]), append(at, i)

@@ -85,31 +85,29 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	require.True(t, admit(inRoom(l, 1, far)).ok)
 	require.True(t, admit(inRoom(l, 2, soon)).ok)
 	require.True(t, admit(inRoom(l, 3, far)).waiting, "the queue holds 2: call 3 waits for room")
-	answer := func(f *inflight) {
-		buf := &buffers{msgs: make([]codec.Message, len(f.entries)), results: make([]codec.Result, len(f.entries))}
-		b.answer(f, buf)
-	}
+	answer := adv6Answer
 
 	f1 := take(d)
 	require.NotNil(t, f1)
 	require.Len(t, f1.entries, 2, "calls 1 and 2; call 3 is promoted into the queue")
 	// Call 2's deadline passes while f1 is in flight: the actor claims and
 	// answers it.
-	b.answerEach(d.expire(soon), errExpiredInFlight)
+	late, _ := d.expire(soon)
+	b.answerEach(late, errExpiredInFlight)
 	r := d.finishWith(f1, soon, outcome{})
-	answer(f1)
+	adv6AnswerWon(b, f1, r.won)
 	f2 := r.next
 	require.NotNil(t, f2, "call 3 is due at once (no linger)")
-	answer(f2)
+	answer(b, f2)
 	assert.Nil(t, finishNow(d, f2))
 
 	// A restart (abandon) claims call 4's entry in flight and answers it.
 	require.True(t, admit(inRoom(l, 4, far)).ok)
 	f3 := take(d)
 	require.NotNil(t, f3)
-	b.answerEach(d.abandon(), messages.ErrBatcherDown)
-	d.finishWith(f3, clock(), outcome{})
-	answer(f3)
+	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
+	r = d.finishWith(f3, clock(), outcome{})
+	adv6AnswerWon(b, f3, r.won)
 
 	assert.Equal(t, []string{"answer 2", "answer 1", "release 1", "answer 3", "answer 4"}, l.log)
 }

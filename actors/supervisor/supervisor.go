@@ -216,12 +216,17 @@ func (s *Supervisor) params(c codec.Codec) (*batcher.Params, error) {
 // Stopping reports whether Stop has been called.
 func (s *Supervisor) Stopping() bool { return s.stopping.Load() }
 
-// Cancelled notes that a Deliver caller gave up before its deadline, so
-// that a full queue looks for the room it held. It is counted per instance,
-// not per destination: finding the destination would cost a digest for
-// codecs that are not cached, and a sweep a full queue does in vain costs
-// less than room held by callers that left.
-func (s *Supervisor) Cancelled() { s.cancels.Add(1) }
+// Cancelled notes that a Deliver caller of c's destination gave up before
+// its deadline, so that the room it held is found: at once if deliveries
+// wait for room there (batcher.Params.CallerLeft), else by the next
+// delivery that needs room (the count is per instance: a sweep a full queue
+// does in vain costs less than room held by callers that left).
+func (s *Supervisor) Cancelled(c codec.Codec) {
+	s.cancels.Add(1)
+	if p, err := s.params(c); err == nil && p != nil {
+		p.CallerLeft()
+	}
+}
 
 // Stop drains the instance: see actors.Instance.Stop.
 func (s *Supervisor) Stop(ctx context.Context) error {

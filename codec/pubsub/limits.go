@@ -81,10 +81,10 @@ func (c *Codec) messageSize(m codec.Message) int {
 	if m.IdempotencyKey != "" {
 		n += sizeMapEntry(c.idemAttr, m.IdempotencyKey)
 	}
-	if c.carriesTrace(m) {
-		n += sizeMapEntry(TraceParentAttribute, m.Trace.Parent)
-		if m.Trace.State != "" {
-			n += sizeMapEntry(TraceStateAttribute, m.Trace.State)
+	if parent, state := c.traceCarried(m); parent != "" {
+		n += sizeMapEntry(TraceParentAttribute, parent)
+		if state != "" {
+			n += sizeMapEntry(TraceStateAttribute, state)
 		}
 		// The user's attributes of these names are replaced (see
 		// fillProto).
@@ -127,9 +127,41 @@ func checkAttributes(attrs map[string]string) error {
 // traceAttributes are the attributes the trace context travels in.
 var traceAttributes = [...]string{TraceParentAttribute, TraceStateAttribute}
 
-// carriesTrace reports whether m's trace context travels in its attributes.
-func (c *Codec) carriesTrace(m codec.Message) bool {
-	return c.propagate && m.Trace.Parent != ""
+// traceCarried is the trace context m carries in its attributes: its
+// Trace.Parent and Trace.State, or less where Pub/Sub would refuse them. A
+// trace context never costs a message its delivery: a tracestate Pub/Sub
+// cannot take (over MaxAttributeValueBytes, not valid UTF-8) is dropped, and
+// so is the whole context when its traceparent cannot travel or its
+// attributes would take the message past MaxAttributes (the tracestate goes
+// first). Size, Validate and SendBatch agree on it; SendBatch counts each
+// message sent without what it had (TraceContextsDropped).
+func (c *Codec) traceCarried(m codec.Message) (parent, state string) {
+	if !c.propagate || m.Trace.Parent == "" || checkAttribute(TraceParentAttribute, m.Trace.Parent) != nil {
+		return "", ""
+	}
+	state = m.Trace.State
+	if state != "" && checkAttribute(TraceStateAttribute, state) != nil {
+		state = ""
+	}
+	n := len(m.Attributes) + 1
+	if m.IdempotencyKey != "" {
+		n++
+	}
+	for _, k := range traceAttributes {
+		if _, ok := m.Attributes[k]; ok {
+			n--
+		}
+	}
+	if state != "" {
+		n++
+	}
+	if n > MaxAttributes && state != "" {
+		n, state = n-1, ""
+	}
+	if n > MaxAttributes {
+		return "", ""
+	}
+	return m.Trace.Parent, state
 }
 
 // Size is the number of bytes m adds to a PublishRequest: the PubsubMessage's
@@ -153,15 +185,15 @@ func (c *Codec) Validate(m codec.Message) error {
 	if m.IdempotencyKey != "" {
 		nattr++
 	}
-	carry := c.carriesTrace(m)
-	if carry {
+	parent, state := c.traceCarried(m)
+	if parent != "" {
 		for _, k := range traceAttributes {
 			if _, ok := m.Attributes[k]; ok {
 				nattr--
 			}
 		}
 		nattr++
-		if m.Trace.State != "" {
+		if state != "" {
 			nattr++
 		}
 	}
@@ -183,14 +215,6 @@ func (c *Codec) Validate(m codec.Message) error {
 			return invalid("IdempotencyAttributeTaken", "attribute %q is set and so is IdempotencyKey, which travels in that attribute", c.idemAttr)
 		}
 		if err := checkAttribute(c.idemAttr, m.IdempotencyKey); err != nil {
-			return err
-		}
-	}
-	if carry {
-		if err := checkAttribute(TraceParentAttribute, m.Trace.Parent); err != nil {
-			return err
-		}
-		if err := checkAttribute(TraceStateAttribute, m.Trace.State); err != nil {
 			return err
 		}
 	}

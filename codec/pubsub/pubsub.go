@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -129,10 +130,19 @@ type Codec struct {
 	compressAbove int
 	// gzipOpts are callOpts with the gzip compressor.
 	gzipOpts []gax.CallOption
+	// traceDropped counts messages sent without (part of) their trace
+	// context (see traceCarried).
+	traceDropped atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error
 }
+
+// TraceContextsDropped is the number of messages the codec has sent
+// without their whole trace context because Pub/Sub could not take it (a
+// tracestate over MaxAttributeValueBytes, or no attribute left for it): the
+// message is published, its trace is cut there. Safe for concurrent use.
+func (c *Codec) TraceContextsDropped() uint64 { return c.traceDropped.Load() }
 
 var (
 	_ codec.Codec     = (*Codec)(nil)

@@ -199,8 +199,11 @@ func (c *Codec) requestSize(batch []codec.Message, idx []int) int {
 // request only reads them. Size counts exactly what this writes.
 func (c *Codec) fillProto(p *pubsubpb.PubsubMessage, m codec.Message) {
 	attrs := m.Attributes
-	carry := c.carriesTrace(m)
-	if m.IdempotencyKey != "" || carry {
+	parent, state := c.traceCarried(m)
+	if c.propagate && m.Trace.Parent != "" && (parent == "" || state != m.Trace.State) {
+		c.traceDropped.Add(1)
+	}
+	if m.IdempotencyKey != "" || parent != "" {
 		attrs = make(map[string]string, len(m.Attributes)+3)
 		for k, v := range m.Attributes {
 			attrs[k] = v
@@ -208,14 +211,14 @@ func (c *Codec) fillProto(p *pubsubpb.PubsubMessage, m codec.Message) {
 		if m.IdempotencyKey != "" {
 			attrs[c.idemAttr] = m.IdempotencyKey
 		}
-		if carry {
+		if parent != "" {
 			// The message's trace context replaces any the user's
 			// attributes carry, tracestate included: a stale tracestate
 			// must not travel with a new traceparent.
 			delete(attrs, TraceStateAttribute)
-			attrs[TraceParentAttribute] = m.Trace.Parent
-			if m.Trace.State != "" {
-				attrs[TraceStateAttribute] = m.Trace.State
+			attrs[TraceParentAttribute] = parent
+			if state != "" {
+				attrs[TraceStateAttribute] = state
 			}
 		}
 	}
