@@ -74,8 +74,9 @@ type Tuning struct {
 	// and this destination's requests take longer than Linger on average,
 	// the requests queue for something the destinations share (the CPU, a
 	// server, a connection), and a batch waits as long as the
-	// destination's mean request time instead, at most 64 × Linger, so that
-	// it carries more messages for each request. While the instance has
+	// destination's mean request time instead (at most 64 × Linger, and
+	// leaving a request time before its earliest caller's deadline), so
+	// that it carries more messages for each request. While the instance has
 	// no more requests in flight than that, a batch leaves Linger after its
 	// first message, whatever the request time: a lone caller waits Linger
 	// plus the request time.

@@ -53,3 +53,16 @@ func (s *stretch) wait(instanceInflight int64) int64 {
 	}
 	return min(int64(s.rtt.mean), s.most)
 }
+
+// lingerEnd is when the batch being gathered is due by lingering: Linger
+// after lingerFrom; stretched, lingerNow after it, but no later than a
+// request time (lingerNow) before the earliest deadline of a queued entry,
+// so that the stretch does not let it expire unsent, and never before
+// Linger.
+func (q *queue) lingerEnd() int64 {
+	end := addSat(q.lingerFrom, q.lingerNow)
+	if q.lingerNow > q.s.linger && q.minDeadline != math.MaxInt64 {
+		end = min(end, max(addSat(q.lingerFrom, q.s.linger), q.minDeadline-q.lingerNow))
+	}
+	return end
+}

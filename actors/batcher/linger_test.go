@@ -71,21 +71,30 @@ func lingerDispatch(t *testing.T, instance, rtt int64) *dispatch {
 
 // On an instance with more requests in flight than the destination may
 // have, a batch of a destination whose requests take 30ms waits 30ms, not
-// Linger (5ms); on an instance with no more than that, it leaves after
-// Linger, however long the requests take.
+// Linger (5ms), but leaves a request time before its earliest deadline
+// (never before Linger); on an instance with no more than that, it leaves
+// after Linger, however long the requests take.
 func TestABatchWaitsAsLongAsARequestTakesWhileTheInstanceIsLoaded(t *testing.T) {
 	const t1 = 2000 * ms
 	for _, tc := range []struct {
 		name     string
 		instance int64
+		deadline int64 // the entry's, after t1; 0: none
 		wait     int64
 	}{
 		{name: "loaded", instance: 3, wait: 30 * ms},
 		{name: "alone", instance: 2, wait: 5 * ms},
+		{name: "loaded, a deadline a request time and 10ms away", instance: 3, deadline: 40 * ms, wait: 10 * ms},
+		{name: "loaded, a deadline within a request time", instance: 3, deadline: 20 * ms, wait: 5 * ms},
+		{name: "alone, a deadline within a request time", instance: 2, deadline: 20 * ms, wait: 5 * ms},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := lingerDispatch(t, tc.instance, 30*ms)
-			_, ok := d.q.admit(mk("b", "", 1, 1), t1)
+			e := mk("b", "", 1, 1)
+			if tc.deadline > 0 {
+				e.deadline = t1 + tc.deadline
+			}
+			_, ok := d.q.admit(e, t1)
 			require.True(t, ok)
 			launched, _, st := d.step(t1+tc.wait-1, nil)
 			assert.Empty(t, launched, "not due before the wait")

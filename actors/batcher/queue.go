@@ -208,7 +208,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 		return telemetry.TriggerBytes, true
 	case q.draining:
 		return telemetry.TriggerDrain, true
-	case now-q.lingerFrom >= q.lingerNow:
+	case now >= q.lingerEnd():
 		return telemetry.TriggerLinger, true
 	}
 	return 0, false
@@ -220,7 +220,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = addSat(q.lingerFrom, q.lingerNow)
+		w = q.lingerEnd()
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)
