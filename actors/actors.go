@@ -2,9 +2,9 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +16,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/supervisor"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -160,12 +161,7 @@ func Start(system *actor.ActorSystem, cfg Config) (*Instance, error) {
 // ...) called with a nil context, which then does nothing. Permanent
 // (codec.IsPermanent): pass context.Background() or a context with the
 // caller's deadline.
-var ErrNilContext error = nilContextError{}
-
-type nilContextError struct{}
-
-func (nilContextError) Error() string          { return "sinkbatch: Deliver: nil context" }
-func (nilContextError) PermanentFailure() bool { return true }
+var ErrNilContext = codec.Permanent(errors.New("sinkbatch: nil context"))
 
 // Deliver sends m to the destination c describes and returns when m's own
 // result is known: the destination's message id, or why it was not accepted
@@ -178,9 +174,10 @@ func (nilContextError) PermanentFailure() bool { return true }
 // call (hand Deliver a buffer of its own, as with an http.Request's body).
 //
 // Deliver is a request-reply like protoactor's RequestFuture, on reply
-// processes of its own (see waiter): protoactor's Future writes a reply
-// outside its lock, so a reply racing a timeout or a cancel is a data race
-// there, and a caller that gives up at its deadline is routine here.
+// processes the instance pools for its callers rather than on protoactor's
+// Future, which writes a reply outside its lock: there a reply racing a
+// timeout or a cancel is a data race, and a caller that gives up at its
+// deadline is routine here.
 func (i *Instance) Deliver(ctx context.Context, c codec.Codec, m codec.Message) (string, error) {
 	r, err := i.DeliverResult(ctx, c, m)
 	return r.ID, err
@@ -209,7 +206,7 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		w.bound(0)
 	} else {
 		deadline = time.Now().Add(i.timeout)
-		w.bound(addSat(monoNow(), int64(i.timeout)))
+		w.bound(mono.AddSat(mono.Now(), int64(i.timeout)))
 	}
 	// One record holds the call's Deliver, its sender PID, the Direct that
 	// names both to the batcher and the room for the batcher's entry. It
@@ -271,16 +268,6 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		return codec.Result{}, r.Err
 	}
 	return r, nil
-}
-
-// addSat is a+d for a time a and a duration d ≥ 0, saturated at
-// math.MaxInt64: a DefaultTimeout of centuries must not overflow into the
-// past.
-func addSat(a, d int64) int64 {
-	if a > math.MaxInt64-d {
-		return math.MaxInt64
-	}
-	return a + d
 }
 
 // call is one Deliver call's record: what it sends and who is answered.

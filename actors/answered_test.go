@@ -475,7 +475,7 @@ func TestBisectionHoldsAGroupAfterARetryableFailure(t *testing.T) {
 }
 
 // 12. Every error a delivery can be answered with that retrying cannot mend
-// is permanent, so a caller following the README's table stops.
+// is permanent, so a caller following the error catalogue (package messages) stops.
 func TestErrorsThatRetryingCannotMendArePermanent(t *testing.T) {
 	for _, err := range []error{messages.ErrNilCodec, actors.ErrNilContext, codec.Permanent(errors.New("x"))} {
 		assert.True(t, codec.IsPermanent(err), "%v", err)

@@ -45,58 +45,31 @@
 //
 // # Flow (opt-in per destination, in codec.Tuning)
 //
-// StrictGroups: every answer that leaves a message's fate to its caller —
-// a retryable failure (its request's or its entry's; not a permanent one,
-// which never comes back), an expiry in the queue or in flight, a caller
-// that cancelled, a refusal because the queue is full, a restart (ErrBatcherDown)
-// — pauses the message's group G, keyed by that message. G's later queued
-// and waiting messages are taken out and answered
-// *messages.GroupPausedError naming the key G waits for next, and so is
-// every delivery of G that is not that retry: G then admits the retries of
-// the messages it answered so, in the order it first delivered them, and
-// resumes once the last is in, on Instance.ResumeGroup, or GroupPauseMax
-// (30s) after its last pause. Nothing later in G is sent meanwhile. A
-// grouped message needs an IdempotencyKey (else messages.ErrNoIdempotencyKey,
-// permanent): the retry is known by it. GroupPausedError.After suggests a
-// wait before delivering again. Instance.PausedGroups lists the paused
-// groups, and Instance.TakePausedGroups and AdoptPausedGroups move them to
-// another instance that takes the destination over. So a caller that
-// retries each message it was answered without a final result, in its own
-// order, with the same key, sees each group stored in the order it first
-// delivered it (ResumeGroup and GroupPauseMax end a pause without the
-// retries, by the caller's choice).
-// One limit remains, and it is the destination's: in one SQS
-// SendMessageBatch holding several entries of G, SQS enqueues the entries
-// in order but answers each alone, and documents nothing about the entries
-// after a failed one. If entry i of G fails retryably and a later entry j
-// of G in the same request is stored, j is stored before i's retry: the
-// batcher cannot recall it (it answers i with the error and j with its
-// id). Everything of G that would leave after that request is held. Pub/Sub
-// has no such case: a Publish holds one ordering key and succeeds or fails
-// as a whole. Where even that case matters, set Tuning.MaxEntries to 1.
+// codec.Tuning's field docs say what StrictGroups, WhenFull Block and
+// Adaptive do; what the instance adds:
 //
-// WhenFull Block: a delivery that does not fit the queue waits for room
-// until its deadline (then it is answered with an error wrapping
-// context.DeadlineExceeded, never queued); while anything waits, a new
-// delivery waits for its turn too. Waiters are admitted round-robin across
-// tenants, in arrival order within a tenant, and a group's waiters never
-// overtake each other. The waiter whose turn it is keeps its turn until
-// room for it frees: room freed meanwhile is reserved for it, not taken by
-// a smaller message behind it (only a waiter held by its own tenant's
-// TenantMax passes its turn on). A caller that cancels while queued frees
-// its room at once, and the waiters that fit are admitted then. At most
-// QueueMax deliveries wait; past that a tenant with fewer waiters takes the
-// place of the newest waiter of the tenant with the most (that waiter is
-// refused), or the delivery is refused as with Refuse. Stats.Waiting counts
-// the waiters. Stop answers them messages.ErrStopped.
+// StrictGroups: a paused group's rule lives in the batcher, so it holds the
+// same for the front door's callers and actors'; the answer that paused it
+// names the key it waits for next, and GroupPausedError.After suggests a
+// wait. Instance.ResumeGroup ends a pause without the retries (the caller's
+// choice), Instance.PausedGroups lists the paused groups, and Instance.TakePausedGroups and AdoptPausedGroups move them
+// to another instance that takes the destination over. In one SQS
+// SendMessageBatch holding several entries of a group, SQS enqueues the
+// entries in order but answers each alone: if entry i fails retryably and a
+// later entry j of the group in the same request is stored, j is stored
+// before i's retry (the batcher cannot recall it). Everything of the group
+// that would leave after that request is held.
 //
-// Adaptive: the destination's in-flight limit starts at 1 and moves
-// between 1 and MaxInflight by AIMD on request time, after Vector's
-// adaptive request concurrency: +1 per window (two request times) while
-// request time stays near its no-load baseline and requests use the whole
-// limit, ×0.9 when request time reaches 1.3 × the baseline or the
-// destination throttles (codec.IsThrottled) or a request runs out of time.
-// Group gates and tenant fairness are unchanged. The gauge
+// WhenFull Block: Stats.Waiting counts the waiters. A waiter whose deadline
+// passes is answered with an error wrapping context.DeadlineExceeded and
+// never queued; a front-door caller that cancels while queued frees its room
+// at once, and the waiters that fit are admitted then; Stop answers waiters
+// messages.ErrStopped.
+//
+// Adaptive: the limit grows by one per window (two request times) while
+// requests use the whole limit, after Vector's adaptive request concurrency;
+// a request that runs out of time lowers it as throttling does. Group gates
+// and tenant fairness are unchanged. The gauge
 // ankusa.sink_batch.inflight.limit shows each adaptive destination's limit;
 // changes are logged at DEBUG.
 //
@@ -110,9 +83,18 @@
 //
 // # Telemetry and logs
 //
-// Config.MeterProvider receives the metrics listed in package telemetry.
+// Config.MeterProvider receives the metrics, and Config.TracerProvider the
+// spans, that package telemetry lists.
 // Logs go to Config.Logger (or the actor system's): batcher started, stopped
 // idle, crashed and restarted (WARN), a message the destination refused, a
 // codec panic with its stack, and Stop's outcome; each names the instance and
 // the destination (codec kind and digest, never the identity itself).
+// protoactor itself logs in colour at INFO to stderr unless the actor system
+// is given a logger (actor.WithLoggerFactory with any slog.Handler), as the
+// package's examples do.
+//
+// # Cluster mode
+//
+// Package actors/clustered puts one batcher per destination in a whole
+// protoactor-go cluster; its doc is the reference.
 package actors

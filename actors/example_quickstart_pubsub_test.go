@@ -59,7 +59,7 @@ func Example() {
 		Body:           []byte(`{"order":42,"status":"created"}`),
 	})
 	if err != nil {
-		log.Fatal(err) // README, "Delivery semantics": what each error asks of the caller
+		log.Fatal(err) // package messages lists what each error asks of the caller
 	}
 	fmt.Println("published", id)
 

@@ -74,7 +74,7 @@ func Example_sqs() {
 		Body:           []byte(`{"order":42,"status":"created"}`),
 	})
 	if err != nil {
-		log.Fatal(err) // README, "Delivery semantics": what each error asks of the caller
+		log.Fatal(err) // package messages lists what each error asks of the caller
 	}
 	fmt.Println("sent; sequence number assigned:", res.Sequence != "")
 

@@ -37,9 +37,9 @@ import (
 //	<!-- excerpt: actors/F -->  the block is a run of F's lines
 var readmeMarker = regexp.MustCompile(`^<!-- (program|output|excerpt): (\S+) -->$`)
 
-// TestReadmeCodeIsTheExamples keeps the README's Quick start and actor
-// excerpt equal to the Example functions go test compiles and runs, so the
-// README's code compiles and prints what it says.
+// TestReadmeCodeIsTheExamples keeps the README's Quick start and retry loop
+// equal to the Example functions go test compiles and runs, so the README's
+// code compiles and prints what it says.
 func TestReadmeCodeIsTheExamples(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	require.NoError(t, err)
@@ -66,8 +66,8 @@ func TestReadmeCodeIsTheExamples(t *testing.T) {
 			assert.Contains(t, string(src), block, "README's excerpt after %q is not a run of %s's lines", m[0], file)
 		}
 	}
-	// The Quick start's two programs and their output, and the actor form.
-	assert.Equal(t, map[string]int{"program": 2, "output": 2, "excerpt": 2}, seen)
+	// The Quick start's program and its output, and the retry loop.
+	assert.Equal(t, map[string]int{"program": 1, "output": 1, "excerpt": 1}, seen)
 }
 
 // fencedBlock returns the fenced code block that starts on the first

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -30,7 +31,7 @@ type waiter struct {
 	answer chan codec.Result
 	call   atomic.Uint32 // the RequestId of the call waiting; 0: none
 	seq    uint32        // the last RequestId handed out; only its caller touches it
-	// deadline is when the call waiting gives up, on monoNow's clock, if
+	// deadline is when the call waiting gives up, on the mono clock, if
 	// its ctx has no deadline (DefaultTimeout); 0: its ctx bounds it.
 	deadline atomic.Int64
 	// timer ends a call at its deadline (expire). It is armed when a call
@@ -49,19 +50,11 @@ type waiter struct {
 	pooled bool
 }
 
-// epoch is where monoNow counts from.
-var epoch = time.Now()
-
-// monoNow is the monotonic clock in nanoseconds since epoch (at least 1):
-// DefaultTimeout is a duration, which a step of the wall clock must not
-// shorten or lengthen.
-func monoNow() int64 { return int64(time.Since(epoch)) + 1 }
-
 // errNoAnswer is what expire answers a call with: its DefaultTimeout ran
 // out first. Deliver turns it into its own error.
 var errNoAnswer = errors.New("sinkbatch: no answer within DefaultTimeout")
 
-// bound makes the call begun next give up at deadline d (on monoNow's
+// bound makes the call begun next give up at deadline d (on the mono
 // clock); 0: its ctx bounds it. It must precede begin: expire reads
 // the call, then its deadline.
 func (w *waiter) bound(d int64) { w.deadline.Store(d) }
@@ -79,7 +72,7 @@ func (w *waiter) arm() {
 	}
 	if a := w.armed.Load(); a == 0 || a > d {
 		w.armed.Store(d)
-		w.timer.Reset(time.Duration(d - monoNow()))
+		w.timer.Reset(time.Duration(d - mono.Now()))
 	}
 }
 
@@ -93,7 +86,7 @@ func (w *waiter) expire() {
 	if id == 0 || d == 0 {
 		return
 	}
-	if now := monoNow(); now < d {
+	if now := mono.Now(); now < d {
 		w.armed.Store(d)
 		w.timer.Reset(time.Duration(d - now))
 		return

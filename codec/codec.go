@@ -61,40 +61,110 @@ type Limits struct {
 	OneGroupPerRequest bool
 }
 
-// Tuning is a destination's batch tuning. A zero field takes its default; a
-// negative one, or one above the codec's Limits, is refused. Tuning is part of
-// the destination's identity: codecs that differ in it never share a batcher.
+// Tuning is a destination's batch tuning, set per codec. A zero field takes
+// its default; a negative one, or one above the codec's Limits, is refused
+// (Check names the field; the sqs and pubsub codecs call it in New, and a
+// custom codec's bad Tuning is refused, permanently, at its first delivery).
+// Tuning is part of the destination's identity: codecs that differ in it
+// never share a batcher.
+//
+// A batch goes out when the sendable entries reach MaxEntries or MaxBytes,
+// or Linger after the queue became non-empty (or after the last batch left;
+// longer on a loaded instance, see Linger), whichever is first, with at most
+// MaxInflight requests in flight.
+//
+// Choosing a policy: keep the zero Tuning when callers already retry on
+// messages.RetryAfterError and losing order after a failure is acceptable (a
+// retry is a later send). Set WhenFull to Block when callers are simple
+// loops that should not retry bursts themselves. Set StrictGroups on FIFO
+// queues and ordering keys when a group's order must survive failures. Set
+// Adaptive when the destination's capacity is unknown or changes, or when it
+// throttles; keep a fixed MaxInflight when you know the right value.
 type Tuning struct {
-	MaxEntries int // default and ceiling: Limits.MaxEntries
-	MaxBytes   int // default and ceiling: Limits.MaxBytes
-	// Linger is how long a batch waits for more messages after its first,
-	// unless it fills first; default 5ms. It is the wait at light load:
-	// while the instance has more requests in flight than this
-	// destination's MaxInflight (so other destinations are sending too)
-	// and this destination's requests take longer than Linger on average,
-	// the requests queue for something the destinations share (the CPU, a
-	// server, a connection), and a batch waits as long as the
-	// destination's mean request time instead (at most 64 × Linger, and
-	// leaving a request time before its earliest caller's deadline), so
-	// that it carries more messages for each request. While the instance has
-	// no more requests in flight than that, a batch leaves Linger after its
-	// first message, whatever the request time: a lone caller waits Linger
-	// plus the request time.
-	Linger        time.Duration
-	MaxInflight   int           // requests in flight for this destination; default: the instance's SinkConcurrency (8)
-	QueueMax      int           // default 4096
-	QueueMaxBytes int64         // default 128 MiB
-	TenantMax     int           // default 1024
-	RetryAfterMax time.Duration // ceiling of the full-jitter retry-after on refusal; default 1s
-	IdleTimeout   time.Duration // default 1 minute
-	// WhenFull says what happens to a delivery that does not fit the queue.
-	WhenFull FullPolicy // Refuse (default) or Block
-	// StrictGroups: a retryable failure of a message pauses its group until
-	// the message is retried, the group is resumed, or GroupPauseMax passes.
-	StrictGroups  bool
-	GroupPauseMax time.Duration // a paused group resumes on its own after this; default 30s
-	// Adaptive: the in-flight limit adapts between 1 and MaxInflight to the
-	// destination's request time and throttling.
+	// MaxEntries is the most messages one request carries. Default and
+	// ceiling: Limits.MaxEntries (SQS 10, Pub/Sub 1000).
+	MaxEntries int
+	// MaxBytes is the most bytes (the sum of Size) one request carries.
+	// Default and ceiling: Limits.MaxBytes (SQS 1,048,576 counting bodies
+	// and attribute names, types and values; Pub/Sub 10,000,000 less the
+	// topic field, as encoded).
+	MaxBytes int
+	// Linger is how long a batch that is not full waits for more entries.
+	// Default DefaultLinger (5ms). It is the wait at light load: while the
+	// instance has more requests in flight than this destination's
+	// MaxInflight (so other destinations are sending too) and this
+	// destination's requests take longer than Linger on average, the
+	// requests queue for something the destinations share (the CPU, a
+	// server, a connection), and a batch waits as long as the destination's
+	// mean request time instead (at most 64 × Linger, and leaving a request
+	// time before its earliest caller's deadline), so that it carries more
+	// messages for each request. While the instance has no more requests in
+	// flight than that, a batch leaves Linger after its first message,
+	// whatever the request time: a lone caller waits Linger plus the request
+	// time.
+	Linger time.Duration
+	// MaxInflight is the most requests in flight for this destination (the
+	// ceiling of the adaptive limit with Adaptive). Default: the instance's
+	// SinkConcurrency (8).
+	MaxInflight int
+	// QueueMax is the most entries the destination queues; with WhenFull
+	// Block, also the most deliveries that wait for room. Default
+	// DefaultQueueMax (4096).
+	QueueMax int
+	// QueueMaxBytes is the most bytes (the sum of Size) the destination
+	// queues. Default: DefaultQueueMaxBytes (128 MiB), or MaxBytes if that
+	// is larger, so that the default never refuses a message that fits one
+	// request. Check refuses a value below MaxBytes: a full request could
+	// never be queued.
+	QueueMaxBytes int64
+	// TenantMax is the most entries one tenant may have queued. Default
+	// DefaultTenantMax (1024).
+	TenantMax int
+	// RetryAfterMax is the ceiling of the full-jitter After of a
+	// messages.RetryAfterError, so that refused callers do not return
+	// together. Default DefaultRetryAfterMax (1s).
+	RetryAfterMax time.Duration
+	// IdleTimeout is how long a batcher with nothing queued, waiting or in
+	// flight and no group paused lives on before it stops. Default
+	// DefaultIdleTimeout (1 minute).
+	IdleTimeout time.Duration
+	// WhenFull says what happens to a delivery that does not fit the queue:
+	// Refuse (the default) answers it messages.RetryAfterError at once;
+	// Block lets it wait for room until its deadline, and while anything
+	// waits a new delivery waits for its turn too. Waiters are admitted
+	// round-robin across tenants, in arrival order within a tenant, and a
+	// group's waiters never overtake each other; the waiter whose turn it
+	// is keeps it until room for it frees (only a waiter held by its own
+	// tenant's TenantMax passes its turn on). At most QueueMax deliveries
+	// wait; past that a tenant with fewer waiters takes the place of the
+	// newest waiter of the tenant with the most, or the delivery is refused
+	// as with Refuse.
+	WhenFull FullPolicy
+	// StrictGroups: every answer that leaves a message's fate to its
+	// caller (a retryable failure, an expiry in the queue or in flight, a
+	// caller that cancelled, a refusal because the queue is full, a restart)
+	// pauses the message's group. The group's later queued and waiting
+	// messages, and every delivery of it that is not the retry it waits for,
+	// are answered messages.GroupPausedError and never sent; the group then
+	// admits the retries of those messages in the order it first delivered
+	// them, and resumes once the last is in, on a resume, or GroupPauseMax
+	// after its last pause. A grouped message needs an IdempotencyKey (else
+	// messages.ErrNoIdempotencyKey, permanent): its retry is known by it.
+	// Callers that retry each message answered without a final result, in
+	// their own order, with the same key, see each group stored in the order
+	// they first delivered it. One SQS limit remains: if one entry of a group
+	// fails inside a request and a later entry of the same group in that
+	// request is stored, that later entry precedes the retry; set MaxEntries
+	// to 1 where that matters (a Pub/Sub Publish carries one ordering key and
+	// succeeds or fails whole).
+	StrictGroups bool
+	// GroupPauseMax is how long a paused group (StrictGroups) stays paused
+	// without a retry or a resume. Default DefaultGroupPauseMax (30s).
+	GroupPauseMax time.Duration
+	// Adaptive: the in-flight limit starts at 1 and moves between 1 and
+	// MaxInflight by AIMD on request time: it grows while request time stays
+	// near its no-load baseline, and falls by 10% when request time reaches
+	// 1.3 times that baseline or the destination throttles (IsThrottled).
 	Adaptive bool
 }
 
@@ -169,7 +239,8 @@ func (t Tuning) Check(lim Limits) error {
 }
 
 // Defaults that a zero Tuning field takes. MaxEntries and MaxBytes default to
-// the codec's Limits and MaxInflight to the instance's SinkConcurrency.
+// the codec's Limits, MaxInflight to the instance's SinkConcurrency, and
+// QueueMaxBytes to DefaultQueueMaxBytes or MaxBytes, whichever is larger.
 const (
 	DefaultLinger        = 5 * time.Millisecond
 	DefaultQueueMax      = 4096

@@ -14,13 +14,13 @@ import (
 // Deliver asks for one message to be sent to the destination its Codec
 // describes. Its Message (Body, Attributes) is read until the message's
 // request has ended, which can be after the caller stopped waiting: do not
-// change it after sending the Deliver. Send it with a sender (ctx.Request, RequestFuture) to the
-// instance's PID; the answer is one *Delivered, sent once the message's result
-// is known. A Deliver sent without a sender is sent all the same, and nobody is
-// answered. protoactor's Future writes its result outside its lock, so a
-// RequestFuture whose timeout can end before the answer comes is a data race
-// the race detector reports (in protoactor, measured in TestAdv6MixedWithTheActorForm);
-// an actor sender, or Instance.Deliver, has none.
+// change it after sending the Deliver. Send it with a sender (ctx.Request,
+// RequestFuture) to the instance's PID; the answer is one *Delivered, sent
+// once the message's result is known. A Deliver sent without a sender is sent
+// all the same, and nobody is answered. protoactor's Future writes its result
+// outside its lock, so a RequestFuture whose timeout can end before the
+// answer comes is a data race inside protoactor, which the race detector
+// reports; an actor sender, or Instance.Deliver, has none.
 type Deliver struct {
 	Codec   codec.Codec
 	Message codec.Message
@@ -46,9 +46,9 @@ type Delivered struct {
 	// Sequence is the destination's sequence number where it assigns one
 	// (SQS FIFO queues).
 	Sequence string
-	// Err says why the message was not accepted. Branch on it with
-	// errors.Is / errors.As: *RetryAfterError (queue full, try again after
-	// After), ErrStopped, ErrBatcherDown, codec.IsPermanent.
+	// Err says why the message was not accepted: one of the errors in the
+	// package doc's catalogue. Branch on it with errors.Is / errors.As and
+	// codec.IsPermanent.
 	Err error
 }
 
@@ -66,21 +66,12 @@ var (
 	ErrBatcherDown = errors.New("sinkbatch: batcher restarted before the answer was known")
 	// ErrNilCodec answers a Deliver whose Codec is nil (a nil interface, or
 	// a typed nil pointer). Permanent (codec.IsPermanent).
-	ErrNilCodec error = permanentError("sinkbatch: nil codec")
+	ErrNilCodec = codec.Permanent(errors.New("sinkbatch: nil codec"))
 	// ErrNotDeliver answers a message sent to an instance's PID that is not
 	// a non-nil *Deliver (a Deliver sent by value, a nil pointer, another
 	// type). Permanent.
-	ErrNotDeliver error = permanentError("sinkbatch: an instance takes only a non-nil *messages.Deliver")
+	ErrNotDeliver = codec.Permanent(errors.New("sinkbatch: an instance takes only a non-nil *messages.Deliver"))
 )
-
-// permanentError is a sentinel error that codec.IsPermanent classifies as
-// permanent.
-type permanentError string
-
-func (e permanentError) Error() string { return string(e) }
-
-// PermanentFailure marks e permanent for codec.IsPermanent.
-func (e permanentError) PermanentFailure() bool { return true }
 
 // GroupPausedError answers a delivery of a group that is paused
 // (Tuning.StrictGroups): an earlier message of the group was answered
@@ -103,7 +94,7 @@ func (e *GroupPausedError) Error() string {
 // to a destination with Tuning.StrictGroups: a paused group knows its failed
 // message's retry by that key, so without one the group could only wait for
 // GroupPauseMax. Permanent: set codec.Message.IdempotencyKey.
-var ErrNoIdempotencyKey error = permanentError("sinkbatch: StrictGroups needs an IdempotencyKey on every message with a Group (codec.Message.IdempotencyKey)")
+var ErrNoIdempotencyKey = codec.Permanent(errors.New("sinkbatch: StrictGroups needs an IdempotencyKey on every message with a Group (codec.Message.IdempotencyKey)"))
 
 // PausedGroup is a paused group (Tuning.StrictGroups) as one instance hands
 // it to another: see actors.Instance.TakePausedGroups and

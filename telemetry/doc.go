@@ -1,5 +1,8 @@
 // Package telemetry is the seam through which batchers report what they do,
-// and its OpenTelemetry implementation.
+// and its OpenTelemetry implementation. An application gets the metrics below
+// by giving actors.Config.MeterProvider an OpenTelemetry metric.MeterProvider,
+// and the spans under Tracing by giving actors.Config.TracerProvider a
+// trace.TracerProvider; sinkbatch never uses the global providers.
 //
 // # The seam
 //
@@ -85,6 +88,39 @@
 // the recorder, so Flushed, Refused, Answered and Waited only hand prebuilt
 // options to the SDK.
 //
+// # Tracing
+//
+// With actors.Config.TracerProvider set (nil: no spans), sinkbatch follows
+// the OpenTelemetry messaging conventions, as Google's Pub/Sub client does:
+//
+//   - a create span per delivery (kind PRODUCER), a child of the span in the
+//     ctx given to Deliver (in the actor form, of
+//     messages.Deliver.SpanContext), until the caller is answered:
+//     messaging.message.id on success, an error status otherwise. Deliver
+//     starts and ends it on the caller's goroutine, off the batcher's actor,
+//     under the name "create", which the batcher changes to
+//     "create <destination>" at admission if the span records: a sampler
+//     sees the name "create". The actor form's create span starts at
+//     admission, in the batcher.
+//   - a send span per request (kind CLIENT), bisections included, with
+//     messaging.batch.message_count and sinkbatch.flush.trigger, linked to
+//     each of its messages' create spans, each of which links back to it.
+//   - both carry messaging.system ("aws_sqs", "gcp_pubsub"; a custom codec's
+//     Name unless it implements codec.Describer, or its Describe panics),
+//     messaging.destination.name (the queue or topic name, never the
+//     identity) and messaging.operation.type.
+//
+// Each message carries its create span's context to its consumer
+// (codec.Message.Trace): Pub/Sub in the googclient_traceparent and
+// googclient_tracestate attributes Google's subscriber reads; SQS in the
+// AWSTraceHeader system attribute (X-Ray format, none of the 10 message
+// attributes spent), or as W3C traceparent attributes with
+// sqs.Config.TracePropagation. What is carried counts in Size and in the
+// attribute limits; each codec can turn it off, and the codec packages say
+// how it is counted. Attributes and links are set only on spans that record,
+// so a sampler that drops a span leaves its start and its context as the
+// whole cost.
+//
 // # Exporting to Prometheus
 //
 // The OpenTelemetry Prometheus exporter
@@ -108,5 +144,5 @@
 // for example, ankusa_sink_batch_flush_duration_seconds_bucket,
 // ankusa_sink_batch_flush_bytes_bucket, ankusa_sink_batch_queued_bytes and
 // ankusa_sink_batch_refused_total; units in braces such as {entry} add no
-// suffix.
+// suffix. go run ./cmd/demo -metrics-addr 127.0.0.1:9464 serves them.
 package telemetry

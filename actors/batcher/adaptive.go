@@ -37,7 +37,7 @@ type limiter struct {
 	noLoadAt   int     // the limit the baseline was seen at
 	windowSum  float64 // this window's successful request times, in seconds
 	windowN    int
-	nextUpdate int64 // when the window ends (Unix nanoseconds)
+	nextUpdate int64 // when the window ends (internal/mono)
 	pressured  bool  // a request in this window met back pressure
 	reached    bool  // requests in flight reached the limit in this window
 }

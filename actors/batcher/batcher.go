@@ -3,12 +3,10 @@ package batcher
 import (
 	"context"
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
 	"math"
-	"runtime"
 	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -119,134 +117,6 @@ func Props(p *Params) *actor.Props {
 		actor.WithDispatcher(box))
 }
 
-// mailboxRef is the mailbox of one spawned batcher, shared by its
-// incarnations, and the dispatcher that runs it.
-//
-// protoactor's default dispatcher starts a goroutine each time a mailbox
-// wakes, and a new goroutine's stack is the smallest: a batcher's Receive
-// is deep enough to make it grow, and copy, on nearly every wake of a busy
-// destination, whose mailbox empties between bursts of callers. Here the
-// goroutine that ran the mailbox waits for its next wake instead of ending,
-// with its grown stack, while the batcher holds something (queued, waiting
-// or in flight: more messages are coming) and until it has stopped (close).
-// A batcher that holds nothing lets it end, so that a destination that has
-// gone quiet keeps no goroutine for its IdleTimeout.
-//
-// There is at most one such goroutine: protoactor sets a mailbox idle
-// before its run returns, so the next wake can come while the run that
-// goroutine is in has yet to end; that wake waits for it (next) instead of
-// starting a second goroutine, which would wait on after the first saw the
-// batcher hold nothing.
-type mailboxRef struct {
-	m actor.Mailbox
-	// held is what the actor's last advance saw: it holds something. Only
-	// the mailbox's goroutine changes it, in a run.
-	held atomic.Bool
-	// prompt: a done or a tick was posted since the last run started, so
-	// the next run starts without yielding (see loop).
-	prompt atomic.Bool
-
-	mu      sync.Mutex
-	wake    sync.Cond // signalled when next is set or closed
-	alive   bool      // a goroutine runs the mailbox, or waits to
-	next    func()    // the run handed to it, not yet started
-	stopped bool      // the batcher has stopped (close)
-}
-
-// newMailboxRef returns the dispatcher of one spawned batcher.
-func newMailboxRef() *mailboxRef {
-	r := &mailboxRef{}
-	r.wake.L = &r.mu
-	return r
-}
-
-// Schedule hands the mailbox's run to its goroutine, or starts one if there
-// is none (the first wake, or the batcher held nothing after the last run).
-// protoactor schedules a mailbox only when it is not running, so at most
-// one run is handed over at a time.
-func (r *mailboxRef) Schedule(fn func()) {
-	r.mu.Lock()
-	if r.alive {
-		r.next = fn
-		r.mu.Unlock()
-		r.wake.Signal()
-		return
-	}
-	r.alive = true
-	r.mu.Unlock()
-	go r.loop(fn)
-}
-
-// Throughput is protoactor's default: messages run before the goroutine
-// yields.
-func (*mailboxRef) Throughput() int { return 300 }
-
-// loop runs fn and every run handed to it after, while the batcher holds
-// something and until it has stopped. held cannot change while it waits:
-// only a run changes it.
-//
-// A run handed to the waiting goroutine (a busy destination) starts with a
-// yield. The sender whose message found the mailbox idle wakes the
-// goroutine, and the scheduler runs it next on that sender's P, as soon as
-// the sender blocks for its answer; the other senders that are runnable by
-// then (a request's answers wake its callers in a burst) would post their
-// deliveries after the run has emptied the mailbox, each waking it again.
-// Yielding lets them post first, so that one run, and one advance, takes
-// the lot: the mailbox stays running (and its senders wake nobody)
-// meanwhile. With nothing else runnable the yield returns at once. The
-// first run of a new goroutine (a destination that held nothing) and a run
-// that a done or a tick may have woken (prompt) start at once: a slot is
-// free or a deadline is due, and what the batcher decides then (the next
-// batch, an idle report) must not wait for the callers that request has
-// just answered.
-func (r *mailboxRef) loop(fn func()) {
-	r.prompt.Store(false)
-	for {
-		fn()
-		r.mu.Lock()
-		for r.next == nil && r.held.Load() && !r.stopped {
-			r.wake.Wait()
-		}
-		fn, r.next = r.next, nil
-		if fn == nil {
-			r.alive = false
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock()
-		if !r.prompt.Swap(false) {
-			runtime.Gosched()
-		}
-	}
-}
-
-// close ends the goroutine waiting to run the mailbox: the batcher has
-// stopped, and what still reaches its mailbox (protoactor drops it) runs on
-// a goroutine that ends with that run.
-func (r *mailboxRef) close() {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	r.stopped = true
-	r.mu.Unlock()
-	r.wake.Broadcast()
-}
-
-// tellPrompt posts msg, a done or a tick, to the batcher self and makes the
-// run it wakes start at once (see loop). r is nil in tests that drive a
-// Batcher without an actor.
-func (r *mailboxRef) tellPrompt(system *actor.ActorSystem, self *actor.PID, msg any) {
-	if r != nil {
-		r.prompt.Store(true)
-	}
-	tell(system, self, msg)
-}
-
-// pending reports whether user messages wait in the mailbox: each will run
-// Receive, so advance may wait for the last of them.
-func (r *mailboxRef) pending() bool { return r != nil && r.m != nil && r.m.UserMessageCount() > 0 }
-
 // maxDeferred bounds the deliveries handled in a row without advance: a
 // mailbox that never empties still sees its timer re-armed, its counters
 // published and its expired entries answered that often.
@@ -275,7 +145,7 @@ type Batcher struct {
 	tracing    *tracing // nil: the instance does not trace
 
 	// Touched by the actor alone.
-	now            int64 // Unix nanoseconds when the message being handled arrived
+	now            int64 // when the message being handled arrived (internal/mono)
 	timer          *time.Timer
 	armed          int64
 	idleSince      int64
@@ -313,7 +183,7 @@ func (b *Batcher) Receive(ctx actor.Context) {
 }
 
 func (b *Batcher) receive(ctx actor.Context) {
-	b.now = clock()
+	b.now = mono.Now()
 	switch m := ctx.Message().(type) {
 	case *messages.Deliver:
 		quiet := b.deliver(caller{deliver: m, sender: SenderOf(ctx.Sender(), m)})
@@ -455,9 +325,9 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 			}
 		}
 	}
-	deadline := addSat(b.now, int64(b.p.DefaultTimeout))
+	deadline := mono.AddSat(b.now, int64(b.p.DefaultTimeout))
 	if !d.Deadline.IsZero() {
-		deadline = instant(d.Deadline)
+		deadline = mono.Instant(d.Deadline)
 	}
 	var err error
 	if deadline <= b.now {
@@ -532,37 +402,6 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 		b.answerDropped(a.dropped, b.now)
 	}
 	return a.ok && !a.due && !a.swept && a.resumed == "" && a.evicted == nil && len(a.dropped) == 0
-}
-
-// The batcher's clock: nanoseconds on Go's monotonic clock since epoch.
-// Deadlines, wake-ups and ages are durations apart, which a step of the
-// wall clock (NTP, a resumed VM) must neither shorten nor stretch: on Unix
-// time, a step back of an hour would leave a linger timer waiting an hour.
-// epoch is an hour before the process started, so that no instant the
-// batcher sees is 0, which its fields use for "none".
-var epoch = time.Now().Add(-time.Hour)
-
-// clock is now on the batcher's clock.
-func clock() int64 { return int64(time.Since(epoch)) }
-
-// instant is t on the batcher's clock, saturated to the int64 range (a
-// deadline 292 years away is "never", not an overflow into the past):
-// on the monotonic clock when t carries a reading (a deadline made from
-// time.Now, as context.WithTimeout makes it), else on the wall clock.
-func instant(t time.Time) int64 { return int64(t.Sub(epoch)) }
-
-// timeAt is n on the batcher's clock as a time.Time, with a monotonic
-// reading unless n is too far away to carry one.
-func timeAt(n int64) time.Time { return epoch.Add(time.Duration(n)) }
-
-// addSat is a+d for a time a and a duration d ≥ 0, saturated at
-// math.MaxInt64 ("never"): a Tuning or DefaultTimeout of hundreds of years
-// must not overflow into the past.
-func addSat(a, d int64) int64 {
-	if a > math.MaxInt64-d {
-		return math.MaxInt64
-	}
-	return a + d
 }
 
 // CodecPanic is the answer to a delivery whose codec panicked in method
@@ -672,7 +511,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		// Deliveries answered without being queued (too large, invalid,
 		// expired) raced the report, so the supervisor kept the batcher:
 		// report again, at most once per IdleTimeout.
-		if again := addSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
+		if again := mono.AddSat(b.idleReportTime, int64(b.p.Tuning.IdleTimeout)); b.now >= again {
 			b.reportIdle(ctx)
 		} else {
 			wake = minWake(wake, again)
@@ -684,7 +523,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 		if b.now-b.idleSince >= int64(b.p.Tuning.IdleTimeout) {
 			b.reportIdle(ctx)
 		} else {
-			wake = minWake(wake, addSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
+			wake = minWake(wake, mono.AddSat(b.idleSince, int64(b.p.Tuning.IdleTimeout)))
 		}
 	}
 	b.arm(wake)

@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"context"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"math"
 	"slices"
 	"sync"
@@ -119,6 +120,7 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if d.q.s.strict && g != "" {
 		var rank uint64
 		if a.waitFor, a.paused, retry, rank = d.q.checkPaused(g, e.msg.IdempotencyKey, now); a.paused && !retry {
+			d.q.owe(e)
 			return a
 		}
 		a.paused = false
@@ -245,13 +247,6 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 	return launched, dropped, d.statusLocked(now)
 }
 
-// finish ends f's request, whose entries all succeeded, and hands its
-// slot on: see finishWith.
-func (d *dispatch) finish(f *inflight, now int64) (next *inflight, dropped []*entry, panicked any) {
-	r := d.finishWith(f, now, outcome{})
-	return r.next, r.dropped, r.panicked
-}
-
 // outcome is what a request goroutine learned from its request, for the
 // rules: its time and whether it met back pressure (Adaptive), and each
 // entry's result (StrictGroups).
@@ -374,7 +369,7 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 		d.inflightDeadline = min(d.inflightDeadline, e.deadline)
 	}
 	// No caller waits past the latest deadline, so neither does the request.
-	ctx, cancel := context.WithDeadline(context.Background(), timeAt(deadline))
+	ctx, cancel := context.WithDeadline(context.Background(), mono.Time(deadline))
 	f := &inflight{entries: batch, claims: make([]atomic.Bool, len(batch)), groups: groups, ctx: ctx, cancel: cancel, trigger: trigger}
 	// Registered before promote asks the waiters' callers (their code may
 	// panic): the restart finds the batch among the running ones.

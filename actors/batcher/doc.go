@@ -25,25 +25,47 @@
 //
 // # Concurrency
 //
-// Three owners, each named in the code:
+// Goroutines that run this package's code: the actor (Receive, on the
+// mailbox's own goroutine: batcher.go, mailbox.go's loop); request
+// goroutines (request.go, and settle and learn in flow.go); any goroutine of
+// the instance's callers (Params.ResumeGroup, TakePauses, PausedGroups,
+// CallerLeft; Room and Listener calls the front door makes); timers (fire,
+// which only posts a tick). Each piece of shared state has one guard:
 //
-//   - dispatch (dispatch.go) holds the one mutex and exactly the state the
-//     actor shares with its request goroutines: the queue, the requests
-//     running, the slots they hold, and whether the incarnation is down.
-//     Every method of it takes the lock. A request goroutine whose request
-//     ends calls finish, which opens the batch's groups and takes the batch
-//     due at that moment for the same slot, so that a busy destination's
-//     slots never wait for the actor's turn to run.
-//   - Batcher's own fields are touched by the actor alone; those set in
-//     Started are read by request goroutines too and never change. Codec
-//     code the actor calls (Validate, Size) runs outside the lock, and a
-//     panic there answers that one message (permanent, wrapping
-//     codec.ErrCodecPanic).
-//   - Each caller whose entry is in a request is answered exactly once, by
-//     whoever first sets its claim (inflight.claims): the request goroutine
-//     with the result, or the actor when the caller's deadline passes first
-//     (the message may still be stored) or when it restarts, aborts or stops
-//     (protoactor races on a second reply to a future).
+//   - dispatch.mu guards the rules (queue: its lanes, pauses and waiting
+//     list), the requests running, the slots they hold, whether the
+//     incarnation is down and the adaptive limiter. Every dispatch method
+//     takes it; nothing else touches those fields. The actor and request
+//     goroutines call it; so do the goroutines of ResumeGroup and friends,
+//     through Params.current.
+//   - inflight.claims[i] says who answers entry i of a request in flight:
+//     whoever sets it first, under dispatch.mu (finishWith on the request
+//     goroutine, expire and abandon on the actor). The winner answers
+//     outside the lock.
+//   - Params.current (atomic) is the running incarnation; the next one is
+//     published under the old one's dispatch.mu (handPausesTo), so a
+//     ResumeGroup reaches one or the other, never a stale one.
+//   - Params.goroutines (atomic) counts the request goroutines of every
+//     incarnation: a new incarnation sends nothing while a crashed one's run.
+//   - Params.waiting (atomic) is the actor's last count of waiters, read by
+//     CallerLeft on callers' goroutines.
+//   - Counters (atomics) are the instance's, added to by every batcher and
+//     read by Stats.
+//   - mailboxRef.mu guards the hand-over of a mailbox run to its goroutine;
+//     its held and prompt atomics are written by the actor and by whoever
+//     wakes it (mailbox.go).
+//   - Room.taken (atomic) gives a Room to the first batcher that admits a
+//     Deliver naming it.
+//   - Params.bufs (a sync.Pool) passes request buffers between goroutines.
+//   - Everything else in Params (received, drain, aborted, incarnations) and
+//     every field of Batcher is the actor's alone; the Batcher fields set in
+//     Started are read by request goroutines too and never change.
+//
+// Codec code runs outside every lock: Validate and Size on the actor (a
+// panic answers that one message, permanent, wrapping codec.ErrCodecPanic),
+// SendBatch on request goroutines. The rules call one piece of caller code
+// under dispatch.mu, a Listener's Listening (through alive), which must be
+// quick and must not block; a panic there restarts the batcher.
 //
 // A restart makes a new Batcher with a new dispatch. The crashed one is down
 // from the moment it panics: its request goroutines finish their requests

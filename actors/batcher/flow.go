@@ -3,6 +3,7 @@ package batcher
 import (
 	"context"
 	"errors"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -109,7 +110,7 @@ func (p *Params) TakePauses() []messages.PausedGroup {
 		if in == nil {
 			return nil
 		}
-		taken, ok := in.d.takePausesIf(clock(), func() bool { return p.current.Load() == in })
+		taken, ok := in.d.takePausesIf(mono.Now(), func() bool { return p.current.Load() == in })
 		if !ok {
 			continue // in handed its pauses to the next incarnation meanwhile
 		}
@@ -140,7 +141,7 @@ func (p *Params) PausedGroups() []string {
 	if in == nil {
 		return nil
 	}
-	return in.d.pausedGroups(clock())
+	return in.d.pausedGroups(mono.Now())
 }
 
 // incarnation is what other goroutines reach of a running batcher: its

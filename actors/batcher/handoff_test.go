@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ankusa/sinkbatch/internal/mono"
 )
 
 // handoffDispatch is a dispatch on its own: no actor, no goroutine.
@@ -19,14 +21,13 @@ func handoffDispatch(s settings) *dispatch {
 func take(d *dispatch) *inflight {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	f, _ := d.launchLocked(clock())
+	f, _ := d.launchLocked(mono.Now())
 	return f
 }
 
 // finishNow is finish at the clock's time.
 func finishNow(d *dispatch, f *inflight) *inflight {
-	next, _, _ := d.finish(f, clock())
-	return next
+	return d.finishWith(f, mono.Now(), outcome{}).next
 }
 
 // A request goroutine whose request ends opens its batch's groups and takes
@@ -95,7 +96,7 @@ func backlogged(t *testing.T, n int) *dispatch {
 func admitNow(t *testing.T, b *dispatch, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
-		_, ok := b.q.admit(e, clock())
+		_, ok := b.q.admit(e, mono.Now())
 		require.True(t, ok, "admit %s", e.to.deliver.Ref)
 	}
 }
@@ -144,7 +145,8 @@ func TestNextThatPanicsLeavesItsTakeForTheRestart(t *testing.T) {
 		}
 		return true
 	}
-	next, _, panicked := b.finish(f, clock())
+	r := b.finishWith(f, mono.Now(), outcome{})
+	next, panicked := r.next, r.panicked
 	assert.Nil(t, next)
 	assert.Equal(t, "listener bug", panicked)
 	assert.True(t, b.down)

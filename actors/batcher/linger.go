@@ -1,6 +1,10 @@
 package batcher
 
-import "math"
+import (
+	"math"
+
+	"github.com/ankusa/sinkbatch/internal/mono"
+)
 
 // This file holds the linger under load (see codec.Tuning.Linger).
 //
@@ -60,9 +64,9 @@ func (s *stretch) wait(instanceInflight int64) int64 {
 // so that the stretch does not let it expire unsent, and never before
 // Linger.
 func (q *queue) lingerEnd() int64 {
-	end := addSat(q.lingerFrom, q.lingerNow)
+	end := mono.AddSat(q.lingerFrom, q.lingerNow)
 	if q.lingerNow > q.s.linger && q.minDeadline != math.MaxInt64 {
-		end = min(end, max(addSat(q.lingerFrom, q.s.linger), q.minDeadline-q.lingerNow))
+		end = min(end, max(mono.AddSat(q.lingerFrom, q.s.linger), q.minDeadline-q.lingerNow))
 	}
 	return end
 }

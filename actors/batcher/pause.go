@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -84,6 +85,17 @@ func (q *queue) checkPaused(g, key string, now int64) (next string, paused, retr
 		return "", true, true, p.keys[0].rank
 	}
 	return p.keys[0].key, true, false, 0
+}
+
+// owe adds e, a delivery of a paused group answered GroupPausedError, to
+// the retries the group waits for: that answer, too, leaves the message's
+// fate to its caller. A key the group waits for already keeps its place.
+// The pause's end does not move.
+func (q *queue) owe(e *entry) {
+	g := e.msg.Group
+	p := q.paused.m[g]
+	p.keys = mergeKeys(p.keys, []waitKey{{e.msg.IdempotencyKey, q.newRank()}})
+	q.paused.m[g] = p
 }
 
 // admitted notes that the retry g waited for next is queued or waiting,
@@ -189,7 +201,7 @@ func (q *queue) setPause(g string, keys []waitKey, now, d int64) {
 	if q.paused.m == nil {
 		q.paused.m = make(map[string]pause)
 	}
-	until := addSat(now, d)
+	until := mono.AddSat(now, d)
 	q.paused.m[g] = pause{keys: keys, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
 }

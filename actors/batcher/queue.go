@@ -11,7 +11,7 @@ import (
 // This file holds the batching rules: admission bounds, tenant round-robin,
 // group gating, the flush decision and the sweep of abandoned entries. The
 // queue reads no clock, starts no goroutine, sends no message and takes no
-// lock: time comes in as an argument (Unix nanoseconds) and liveness as a
+// lock: time comes in as an argument (an internal/mono instant) and liveness as a
 // callback, so table tests drive it step by step. Its one driver is
 // dispatch, which holds the lock around every call.
 
@@ -19,8 +19,8 @@ import (
 type entry struct {
 	msg      *codec.Message // its Tenant and Group place the entry
 	to       caller         // who is answered; the rules never look inside
-	deadline int64          // Unix nanoseconds after which the entry is abandoned
-	admitted int64          // Unix nanoseconds when it was admitted (for the queue wait)
+	deadline int64          // on the batcher's clock: after it the entry is abandoned
+	admitted int64          // when it was admitted (for the queue wait)
 	tenant   *tenant
 	lane     *lane
 	// size is Codec.Size of the message: at most a request's MaxBytes. An

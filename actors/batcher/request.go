@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"log/slog"
-	"reflect"
 	"runtime/debug"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/nilptr"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -34,7 +35,7 @@ func (b *Batcher) run(f *inflight) {
 		// (finishWith), then the callers are answered, so that a caller
 		// told of a retryable failure finds its group paused (a
 		// ResumeGroup it makes then resumes it), then the actor is told.
-		now := clock()
+		now := mono.Now()
 		o.won = buf.won
 		r := b.d.finishWith(f, now, o)
 		buf.won = r.won
@@ -101,7 +102,7 @@ func (b *Batcher) request(f *inflight, buf *buffers) (telemetry.Flush, outcome) 
 	}
 	start := time.Now()
 	if b.deliveries != nil {
-		b.waited(f, instant(start))
+		b.waited(f, mono.Instant(start))
 	}
 	var failed error
 	report.Requests, failed = b.bisect(f.ctx, f.trigger, part{msgs: msgs, entries: f.entries, out: results})
@@ -280,7 +281,7 @@ func unreadable(err error) (why string) {
 	if err == nil {
 		return ""
 	}
-	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && v.IsNil() {
+	if nilptr.Is(err) {
 		return fmt.Sprintf("is a nil %T", err)
 	}
 	defer func() {

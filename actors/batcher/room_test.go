@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"fmt"
+	"github.com/ankusa/sinkbatch/internal/mono"
 	"math"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	d := handoffDispatch(s)
 	l := &events{}
 	b := &Batcher{p: &Params{}, d: d}
-	now := clock()
+	now := mono.Now()
 	soon := now + int64(time.Millisecond)
 	far := int64(math.MaxInt64)
 	admit := func(e *entry) admission {
@@ -85,7 +86,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	require.True(t, admit(inRoom(l, 1, far)).ok)
 	require.True(t, admit(inRoom(l, 2, soon)).ok)
 	require.True(t, admit(inRoom(l, 3, far)).waiting, "the queue holds 2: call 3 waits for room")
-	answer := adv6Answer
+	answer := answerUnclaimed
 
 	f1 := take(d)
 	require.NotNil(t, f1)
@@ -95,7 +96,7 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	late, _ := d.expire(soon)
 	b.answerEach(late, errExpiredInFlight)
 	r := d.finishWith(f1, soon, outcome{})
-	adv6AnswerWon(b, f1, r.won)
+	answerWon(b, f1, r.won)
 	f2 := r.next
 	require.NotNil(t, f2, "call 3 is due at once (no linger)")
 	answer(b, f2)
@@ -106,8 +107,8 @@ func TestARoomIsReleasedOnlyAfterItsRequestAnswersIt(t *testing.T) {
 	f3 := take(d)
 	require.NotNil(t, f3)
 	b.answerEach(d.abandon(0, false), messages.ErrBatcherDown)
-	r = d.finishWith(f3, clock(), outcome{})
-	adv6AnswerWon(b, f3, r.won)
+	r = d.finishWith(f3, mono.Now(), outcome{})
+	answerWon(b, f3, r.won)
 
 	assert.Equal(t, []string{"answer 2", "answer 1", "release 1", "answer 3", "answer 4"}, l.log)
 }

@@ -27,10 +27,11 @@ import (
 //	0  deliver  group v%2's next new message; deadline 1+v%8 ticks on
 //	1  retry    group v%2's oldest message owed a retry
 //	2  launch   the batch due now, if any
-//	3  finish   request v (mod their number): each entry succeeds, fails
+//	3  finish   request v (mod their number): each entry succeeds or fails
 //	            retryably (and so do its group's later entries in the
-//	            request, as Pub/Sub's and a bisection's do) or permanently,
-//	            by the bits of v
+//	            request, as Pub/Sub's and a bisection's do) by the bits of
+//	            v; every fourth message of a group is refused for good,
+//	            every time
 //	4  tick     the clock moves 1+v%4 and expiries are swept
 //	5  restart  the incarnation crashes: everything it holds is answered
 //	            ErrBatcherDown; its requests run on and may still store
@@ -217,11 +218,13 @@ func (h *sgHarness) finish(v int) {
 	for i, e := range f.entries {
 		bit := (v >> (i % 4)) & 3
 		switch {
+		case h.msgOf[e].index%4 == 3:
+			// The destination refuses this message for good, every time
+			// (a retry of it is refused too).
+			res[i].Err = &codec.EntryError{Code: "Invalid", Permanent: true}
 		case failedGroup[e.msg.Group] || bit == 1:
 			res[i].Err = &codec.EntryError{Code: "InternalError"}
 			failedGroup[e.msg.Group] = true
-		case bit == 3:
-			res[i].Err = &codec.EntryError{Code: "Invalid", Permanent: true}
 		}
 	}
 	for i, e := range f.entries {

@@ -73,20 +73,21 @@ func TestStrictFailurePausesTheGroupUntilItsRetriesAreIn(t *testing.T) {
 	a := admitKeyed(d, "g", 4, "k4", now)
 	require.True(t, a.paused)
 	assert.Equal(t, "k1", a.waitFor, "a new delivery waits for the first retry")
+	assert.Equal(t, []string{"k1", "k2", "k3", "k4"}, waitsFor(d.q, "g"), "and its own retry is waited for, last")
 	a = admitKeyed(d, "g", 2, "k2", now)
 	require.True(t, a.paused, "k2's retry may not overtake k1's")
 	assert.Equal(t, "k1", a.waitFor)
+	assert.Equal(t, []string{"k1", "k2", "k3", "k4"}, waitsFor(d.q, "g"), "k2 keeps its place")
 
-	for i, k := range []string{"k1", "k2", "k3"} {
+	for i, k := range []string{"k1", "k2", "k3", "k4"} {
 		a = admitKeyed(d, "g", i+1, k, now)
 		require.True(t, a.ok, k)
-		if k != "k3" {
+		if k != "k4" {
 			assert.Empty(t, a.resumed, "g still waits after %s", k)
 		}
 	}
 	assert.Equal(t, "g", a.resumed)
 	assert.Empty(t, d.pausedGroups(now))
-	require.True(t, admitKeyed(d, "g", 4, "k4", now).ok)
 	var sent []string
 	for f := finishNow(d, r.next); f != nil; f = finishNow(d, f) {
 		sent = append(sent, refs(f.entries)...)
@@ -121,7 +122,7 @@ func TestStrictRetryBeforeTheFailureIsHandledKeepsOrder(t *testing.T) {
 	r := d.finishWith(f, now, failing(f, "A"))
 	assert.Equal(t, []bool{false}, r.won, "A was answered at its deadline")
 	assert.Empty(t, r.held)
-	assert.Equal(t, []string{"B"}, waitsFor(d.q, "g"))
+	assert.Equal(t, []string{"B", "C"}, waitsFor(d.q, "g"))
 	require.True(t, admitKeyed(d, "g", 2, "B", now).ok)
 	require.True(t, admitKeyed(d, "g", 3, "C", now).ok)
 	var sent []string
@@ -324,10 +325,14 @@ func TestStrictRefusalPausesNewDeliveries(t *testing.T) {
 	assert.Equal(t, "k2", a.waitFor)
 	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
 	assert.False(t, a.ok, "the retry is refused too: the queue is still full")
-	assert.Equal(t, []string{"k2"}, waitsFor(d.q, "g"), "and the group still waits for it")
+	assert.Equal(t, []string{"k2", "k3"}, waitsFor(d.q, "g"), "and the group still waits for it, then k3")
 	f, _ := launchAt(d, now)
 	assert.Equal(t, []string{"a/g/1"}, refs(f.entries), "the queued entry goes")
 	a = d.admit(keyed("a", "g", 2, "k2"), now, false)
+	assert.True(t, a.ok)
+	assert.Empty(t, a.resumed)
+	require.NotNil(t, finishNow(d, f), "k2's retry leaves, making room")
+	a = d.admit(keyed("a", "g", 3, "k3"), now, false)
 	assert.True(t, a.ok)
 	assert.Equal(t, "g", a.resumed)
 }

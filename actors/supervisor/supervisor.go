@@ -20,6 +20,7 @@ import (
 
 	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/nilptr"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -356,7 +357,7 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 			rt, err = nil, fmt.Errorf("sinkbatch: codec %T: %w", c, batcher.CodecPanic("Name, Identity, Limits or Tuning", r))
 		}
 	}()
-	if isNil(c) {
+	if nilptr.Is(c) {
 		return nil, messages.ErrNilCodec
 	}
 	kind := c.Name()
@@ -387,15 +388,6 @@ func (s *Supervisor) destination(c codec.Codec) (rt *route, err error) {
 // address, and no pointer can panic as a map key.
 func cacheable(c codec.Codec) bool {
 	return c != nil && reflect.TypeOf(c).Kind() == reflect.Pointer
-}
-
-// isNil reports whether c is nil or a nil pointer (a typed nil *sqs.Codec).
-func isNil(c codec.Codec) bool {
-	if c == nil {
-		return true
-	}
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // checkName accepts names that are safe in actor names and log lines.

@@ -36,6 +36,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if o.outbox {
+		return runOutbox(ctx, o, logger, stdout, stderr)
+	}
 	if o.cluster != 0 {
 		return runCluster(ctx, o, logger, stdout, stderr)
 	}
@@ -80,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, line := range srvs.external {
 		fmt.Fprintf(stdout, "  %s\n", line)
 	}
-	fmt.Fprintf(stdout, "  poison at %v, burst of %d at %v, crash at %v, %s pauses at %v until its batcher has stopped idle\n",
+	fmt.Fprintf(stdout, "  poison at %v, burst of %d at %v, codec panic at %v, %s pauses at %v until its batcher has stopped idle\n",
 		p.poison.Round(time.Millisecond), p.burstSize, p.burst.Round(time.Millisecond), p.crash.Round(time.Millisecond),
 		destAudit, p.pauseFrom.Round(time.Millisecond))
 

@@ -124,7 +124,8 @@
 // size is above it is sent gzip-compressed (gRPC's gzip compressor on the
 // call), as the Google client does with EnableCompression. Pub/Sub's
 // limits and Size count the request before compression. It costs CPU at
-// both ends and saves bytes on the wire: BenchmarkCompression measures both.
+// both ends and saves bytes on the wire (docs/performance.md has the
+// figures).
 //
 // # Identity
 //

@@ -1082,9 +1082,9 @@ func TestTracePropagation(t *testing.T) {
 			{"99 and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(99), Trace: codec.TraceContext{Parent: parent1}}, ""},
 			{"replaced, not added", codec.Message{Body: []byte("b"), Attributes: attrs(98, pubsub.TraceParentAttribute, pubsub.TraceStateAttribute), Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""},
 			{"99, a key and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(98), IdempotencyKey: "k", Trace: codec.TraceContext{Parent: parent1, State: state1}}, ""}, // the state is dropped
-			{"long tracestate", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: parent1, State: strings.Repeat("s", 1025)}}, ""}, // the state is dropped
-			{"bad UTF-8 traceparent", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: "\xff"}}, ""}, // the trace is dropped
-			{"100 attributes and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(100), Trace: codec.TraceContext{Parent: parent1}}, ""}, // the trace is dropped
+			{"long tracestate", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: parent1, State: strings.Repeat("s", 1025)}}, ""},                                   // the state is dropped
+			{"bad UTF-8 traceparent", codec.Message{Body: []byte("b"), Trace: codec.TraceContext{Parent: "\xff"}}, ""},                                                                // the trace is dropped
+			{"100 attributes and the parent", codec.Message{Body: []byte("b"), Attributes: attrs(100), Trace: codec.TraceContext{Parent: parent1}}, ""},                               // the trace is dropped
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {

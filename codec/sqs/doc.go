@@ -154,7 +154,7 @@
 // codec removes one cause of such repeats: with the SDK as it is, net/http
 // may close a connection under an answer it is reading, because the SDK
 // closes the request body early (aws-sdk-go-v2 issue 2737); SendBatch hands
-// net/http a body that ends cleanly instead (see TestNoConnectionClosedUnderAnswer).
+// net/http a body that ends cleanly instead.
 //
 // A Codec is safe for concurrent use.
 package sqs

@@ -1,7 +1,11 @@
 package sqs_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -263,4 +267,114 @@ func TestTraceHeaderChecksum(t *testing.T) {
 	ee := onlyEntryFailed(t, res, 1)
 	assert.Equal(t, sqs.CodeChecksumMismatch, ee.Code)
 	assert.Contains(t, ee.Message, "MD5OfMessageSystemAttributes")
+}
+
+// The sqs package doc (Tracing) promises: "A trace context never costs a
+// message its delivery". In the default mode the context travels in the
+// AWSTraceHeader, a system attribute SQS does not count toward a message's
+// size: a message that SQS takes without its trace context (here exactly
+// MaxMessageBytes of body, or Tuning.MaxBytes when that is tighter) must
+// pass Validate with it too, and be taken by a batcher and stored (kumo);
+// the codec may leave the header out, but must not refuse the message. (The W3C attributes count toward SQS's size and attribute
+// limits, and TraceW3CAttributes says so: a message they take over a limit
+// is refused, as TestTraceSizeAndValidate pins.)
+func TestTraceNeverCostsAMessageItsDelivery(t *testing.T) {
+	e := newKumo(t)
+	q := e.createQueue(t, false, false)
+	for _, tc := range []struct {
+		name  string
+		tight int // Tuning.MaxBytes; 0: SQS's
+	}{{"MaxMessageBytes", 0}, {"Tuning.MaxBytes", 4096}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.codec(t, q, codec.Tuning{MaxBytes: tc.tight})
+			limit := c.MaxMessageBytes()
+			if tc.tight > 0 {
+				limit = tc.tight
+			}
+			plain := codec.Message{Body: bytes.Repeat([]byte("x"), limit-len("idem")-len("String")-3), IdempotencyKey: "k-1"}
+			require.Equal(t, limit, c.Size(plain))
+			require.NoError(t, c.Validate(plain), "the message without a trace context")
+			traced := plain
+			traced.Trace = codec.TraceContext{Parent: sampledParent}
+			require.NoError(t, c.Validate(traced), "the same message with a trace context is refused: the trace context cost it its delivery")
+			assert.LessOrEqual(t, c.Size(traced), limit, "what Size counts fits the limit the batcher enforces")
+
+			// Through a batcher (the instance does not trace; the
+			// message carries its context as a traced one would).
+			inst := startInstance(t)
+			dctx, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+			defer cancel()
+			_, err := inst.Deliver(dctx, c, traced)
+			require.NoError(t, err, "a batcher takes the traced message")
+
+			// Room left: the header is carried, and SQS stores it.
+			small := codec.Message{Body: []byte("small"), Trace: codec.TraceContext{Parent: sampledParent}}
+			require.Equal(t, 5+len(sqs.AWSTraceHeader)+len("String")+len(sampledHeader), c.Size(small), "a message with room carries the header")
+		})
+	}
+	e.drain(t, q)
+}
+
+// The package doc (Tracing) said: "A trace context never costs a message its
+// delivery". That holds for the AWSTraceHeader, which the codec leaves out
+// when it would take a message past a limit; it does not hold for the W3C
+// attributes of TraceW3CAttributes and TraceBoth, which SQS counts like the
+// caller's own: a message that a batcher takes and SQS stores without its
+// trace context (10 attributes; exactly Tuning.MaxBytes) is refused, at
+// once and for good, with it. The doc now says so; this pins it.
+func TestW3CTraceAttributesCostAMessageAtALimitItsDelivery(t *testing.T) {
+	e := newKumo(t)
+	q := e.createQueue(t, false, false)
+	inst := startInstance(t)
+	const tight = 4096
+	deliver := func(c *sqs.Codec, m codec.Message) error {
+		dctx, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+		defer cancel()
+		_, err := inst.Deliver(dctx, c, m)
+		return err
+	}
+	tenAttributes := func(body string) codec.Message {
+		m := codec.Message{Body: []byte(body), IdempotencyKey: "k-" + body, Attributes: map[string]string{}}
+		for i := range 9 { // and the idempotency key: SQS's 10
+			m.Attributes[fmt.Sprintf("a%d", i)] = "v"
+		}
+		return m
+	}
+	full := codec.Message{Body: bytes.Repeat([]byte("x"), tight-len("idem")-len("String")-len("k-1")), IdempotencyKey: "k-1"}
+	for _, mode := range []sqs.TracePropagation{sqs.TraceW3CAttributes, sqs.TraceBoth} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := e.codec(t, q, codec.Tuning{MaxBytes: tight}, func(cfg *sqs.Config) { cfg.TracePropagation = mode })
+			require.Equal(t, tight, c.Size(full))
+
+			plain := tenAttributes("plain-" + mode.String())
+			require.NoError(t, c.Validate(plain))
+			require.NoError(t, deliver(c, plain), "without a trace context SQS takes the message")
+			require.NoError(t, deliver(c, full), "without a trace context SQS takes the message")
+
+			traced := tenAttributes("traced-" + mode.String())
+			traced.Trace = codec.TraceContext{Parent: sampledParent}
+			err := deliver(c, traced)
+			var ee *codec.EntryError
+			require.ErrorAs(t, err, &ee, "the traceparent attribute is the 11th")
+			assert.Equal(t, sqs.CodeTooManyAttributes, ee.Code)
+			assert.True(t, codec.IsPermanent(err), "%v", err)
+
+			tracedFull := full
+			tracedFull.Trace = codec.TraceContext{Parent: sampledParent}
+			assert.Greater(t, c.Size(tracedFull), tight)
+			err = deliver(c, tracedFull)
+			assert.True(t, errors.Is(err, codec.ErrTooLarge), "%v", err)
+		})
+	}
+	// The AWSTraceHeader alone never costs a delivery (see
+	// TestTraceNeverCostsAMessageItsDelivery): the same two messages go.
+	c := e.codec(t, q, codec.Tuning{MaxBytes: tight})
+	traced := tenAttributes("traced-header")
+	traced.Trace = codec.TraceContext{Parent: sampledParent}
+	require.NoError(t, deliver(c, traced))
+	tracedFull := full
+	tracedFull.IdempotencyKey = "k-2"
+	tracedFull.Trace = codec.TraceContext{Parent: sampledParent}
+	require.NoError(t, deliver(c, tracedFull))
+	e.drain(t, q)
 }

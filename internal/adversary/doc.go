@@ -25,7 +25,7 @@
 // entries, bytes and groups in flight as the codec sees them), and that
 // nothing is left behind (Stats back at zero, goleak).
 //
-//	go test -race ./internal/adversary/                                # short: about 15 s
+//	go test -race ./internal/adversary/                                # short
 //	go test -race ./internal/adversary/ -adversary.duration=10m        # long
 //	go test -race ./internal/adversary/ -adversary.seed=N -adversary.rounds=1  # replay one round
 //	go test -race ./internal/adversary/ -adversary.skip=farfuture,nilctx     # leave features out

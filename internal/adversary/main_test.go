@@ -1,10 +1,12 @@
 package adversary_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -44,3 +46,9 @@ func (l *lateViolations) all() []string {
 	defer l.mu.Unlock()
 	return append([]string(nil), l.lines...)
 }
+
+// answerWithin is a bound a loaded machine cannot miss for an answer that
+// needs no request: it tells an answer from a wait for a deadline.
+const answerWithin = 5 * time.Second
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

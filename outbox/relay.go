@@ -1,0 +1,851 @@
+package outbox
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultLease         = 30 * time.Second
+	DefaultInflight      = 4096
+	DefaultClaimBatch    = 1000
+	DefaultPollInterval  = 100 * time.Millisecond
+	DefaultFlushInterval = 50 * time.Millisecond
+	DefaultFlushRows     = 1000
+	DefaultBackoff       = 100 * time.Millisecond
+	DefaultMaxBackoff    = 30 * time.Second
+	DefaultPausedDelay   = 100 * time.Millisecond
+)
+
+// Config configures a Relay. Zero fields take the defaults above. Keep
+// Inflight within what the destinations queue (Tuning.QueueMax, and
+// TenantMax per tenant): a refusal for fullness puts rows back.
+type Config struct {
+	DB       *pgxpool.Pool
+	Table    string // default "sinkbatch_outbox"
+	Sender   Sender
+	Lease    time.Duration // how long a claimed row stays claimed; default 30s
+	Inflight int           // rows being delivered at once by this relay; default 4096
+	Logger   *slog.Logger
+	// MeterProvider receives the metrics listed in the package doc; nil:
+	// none (the global provider is never read).
+	MeterProvider metric.MeterProvider
+
+	// ClaimBatch is the most rows one claim takes; default 1000, at most
+	// Inflight.
+	ClaimBatch int
+	// PollInterval is how long a relay whose last claim found fewer rows
+	// than it asked for waits before it claims again.
+	PollInterval time.Duration
+	// FlushInterval is the longest a known result waits before it is
+	// written; FlushRows results are written at once.
+	FlushInterval time.Duration
+	FlushRows     int
+	// Backoff and MaxBackoff shape the full-jitter delay before a row
+	// whose delivery failed retryably may be claimed again: uniform in
+	// [0, min(MaxBackoff, Backoff·2^(attempts-1))).
+	Backoff, MaxBackoff time.Duration
+	// PausedDelay bounds the delay (uniform, full jitter) before a row
+	// answered *messages.GroupPausedError may be claimed again.
+	PausedDelay time.Duration
+	// MaxAttempts marks a row dead once it has been claimed this many
+	// times and fails retryably again; 0: never.
+	MaxAttempts int
+	// KeepSent is how long a sent row stays in the table (state 1, with
+	// its message id and sent_at); 0 deletes it in the statement that
+	// records its result. The relay deletes kept rows once older.
+	KeepSent time.Duration
+}
+
+// Stats are a relay's counts since New.
+type Stats struct {
+	Claimed  int64 // rows claimed (a row claimed again counts again)
+	Sent     int64 // rows whose message was accepted
+	Retried  int64 // rows put back to be claimed again (a retryable failure, a paused group, a full queue)
+	Dead     int64 // rows refused for good
+	Inflight int64 // rows being delivered now
+	// Statements is the number of statements that changed rows' state
+	// (claims and result writes), not counting KeepSent's clean-up.
+	Statements int64
+}
+
+// Relay relays one outbox table's rows through a Sender. It is safe for
+// concurrent use; Run runs once at a time.
+type Relay struct {
+	cfg     Config
+	table   string // quoted
+	lockKey int64
+	// owner is this Run's id in the owner column: new for each Run, so
+	// that rows a previous Run left claimed block their groups like any
+	// other relay's.
+	owner   atomic.Int64
+	log     *slog.Logger
+	sender  OrderedSender
+	metrics *metrics
+
+	running atomic.Bool
+	runs    uint64 // Runs started; touched only by Run, which runs once at a time
+
+	claimed, sent, retried, dead, inflight, statements atomic.Int64
+
+	// mu guards done and wake's use by the answer callbacks.
+	mu   sync.Mutex
+	done []answer // answers not yet taken by Run's loop
+	wake chan struct{}
+}
+
+// answer is one delivery's result, as the Sender reported it.
+type answer struct {
+	p   *pendingRow
+	r   codec.Result
+	err error
+}
+
+// New checks cfg and returns a relay. It does not touch the database.
+func New(cfg Config) (*Relay, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("sinkbatch/outbox: Config.DB is nil")
+	}
+	if cfg.Sender == nil {
+		return nil, errors.New("sinkbatch/outbox: Config.Sender is nil")
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if err := checkTable(cfg.Table); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"Lease", int64(cfg.Lease)}, {"Inflight", int64(cfg.Inflight)}, {"ClaimBatch", int64(cfg.ClaimBatch)},
+		{"PollInterval", int64(cfg.PollInterval)}, {"FlushInterval", int64(cfg.FlushInterval)},
+		{"FlushRows", int64(cfg.FlushRows)}, {"Backoff", int64(cfg.Backoff)}, {"MaxBackoff", int64(cfg.MaxBackoff)},
+		{"PausedDelay", int64(cfg.PausedDelay)}, {"MaxAttempts", int64(cfg.MaxAttempts)}, {"KeepSent", int64(cfg.KeepSent)},
+	} {
+		if f.v < 0 {
+			return nil, fmt.Errorf("sinkbatch/outbox: Config.%s is negative", f.name)
+		}
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&cfg.Lease, DefaultLease)
+	def(&cfg.PollInterval, DefaultPollInterval)
+	def(&cfg.FlushInterval, DefaultFlushInterval)
+	def(&cfg.Backoff, DefaultBackoff)
+	def(&cfg.MaxBackoff, DefaultMaxBackoff)
+	def(&cfg.PausedDelay, DefaultPausedDelay)
+	if cfg.Lease < 100*time.Millisecond {
+		return nil, fmt.Errorf("sinkbatch/outbox: Config.Lease %v is below 100ms", cfg.Lease)
+	}
+	if cfg.Inflight == 0 {
+		cfg.Inflight = DefaultInflight
+	}
+	if cfg.ClaimBatch == 0 {
+		cfg.ClaimBatch = DefaultClaimBatch
+	}
+	cfg.ClaimBatch = min(cfg.ClaimBatch, cfg.Inflight)
+	if cfg.FlushRows == 0 {
+		cfg.FlushRows = DefaultFlushRows
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Relay{
+		cfg:     cfg,
+		lockKey: claimLock(cfg.Table),
+		log:     cfg.Logger.With("outbox", cfg.Table),
+		wake:    make(chan struct{}, 1),
+	}
+	r.table, _ = ident(cfg.Table)
+	if o, ok := cfg.Sender.(OrderedSender); ok {
+		r.sender = o
+	} else {
+		r.sender = &serialSender{Sender: cfg.Sender, groups: map[string][]serialCall{}}
+	}
+	if cfg.MeterProvider != nil {
+		m, err := newMetrics(cfg.MeterProvider, r)
+		if err != nil {
+			return nil, err
+		}
+		r.metrics = m
+	}
+	return r, nil
+}
+
+// randomID is a random non-zero int64: a relay's owner id, or a claim's.
+func randomID() int64 {
+	var b [8]byte
+	for {
+		_, _ = crand.Read(b[:])
+		if v := int64(binary.LittleEndian.Uint64(b[:]) >> 1); v != 0 {
+			return v
+		}
+	}
+}
+
+// Stats returns the relay's counts.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Claimed: r.claimed.Load(), Sent: r.sent.Load(), Retried: r.retried.Load(), Dead: r.dead.Load(),
+		Inflight: r.inflight.Load(), Statements: r.statements.Load(),
+	}
+}
+
+// OldestUnsent is the age of the table's oldest unsent row (claimed or
+// not), 0 when there is none.
+func (r *Relay) OldestUnsent(ctx context.Context) (time.Duration, error) {
+	var secs *float64
+	err := r.cfg.DB.QueryRow(ctx, fmt.Sprintf(
+		`SELECT extract(epoch FROM now() - created_at)::float8 FROM %s WHERE state = 0 ORDER BY id LIMIT 1`, r.table)).Scan(&secs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil || secs == nil {
+		return 0, err
+	}
+	return time.Duration(*secs * float64(time.Second)), nil
+}
+
+// pendingRow is a claimed row this relay is delivering.
+type pendingRow struct {
+	run      uint64 // the Run that claimed it
+	id       int64
+	claim    int64
+	attempts int
+	group    groupKey
+	deadline time.Time // when the Sender stops trying
+	// Touched only by Run's loop:
+	answered bool // its answer is recorded (or it was put back unsent)
+	begun    bool // handed to the Sender
+
+	destination string
+	message     codec.Message
+}
+
+type groupKey struct{ destination, group string }
+
+// window is what a relay holds of one (destination, group). Every row
+// begun while the window is open gets the window's deadline, so a later
+// row never outlives an earlier one in the Sender's queue: were an earlier
+// row dropped at its deadline while a later one is still sent, the later
+// one would reach the destination first. A window older than half a
+// lease holds new rows back until it drains, then opens afresh for them.
+// After an answer other than success the group's rows claimed since are
+// put back, not begun, until that answer is written: the put-back row
+// then blocks its group in every relay's claims.
+type window struct {
+	n        int           // rows begun and not answered
+	deadline time.Time     // the deadline of every row begun in this window
+	held     []*pendingRow // claimed rows waiting for the window to drain, in row order
+	failed   bool          // an answer other than success is not written yet
+}
+
+// marks are results waiting to be written.
+type marks struct {
+	sentIDs []int64
+	sentMsg []string
+	// put back (retry) or dead
+	ids, claims, delays []int64
+	undo                []int32
+	dead                []bool
+	errs                []string
+	since               time.Time // when the oldest waiting result came
+}
+
+func (m *marks) len() int { return len(m.sentIDs) + len(m.ids) }
+
+func (m *marks) reset() {
+	m.sentIDs, m.sentMsg = m.sentIDs[:0], m.sentMsg[:0]
+	m.ids, m.claims, m.delays, m.undo, m.dead, m.errs = m.ids[:0], m.claims[:0], m.delays[:0], m.undo[:0], m.dead[:0], m.errs[:0]
+}
+
+// loop is Run's state, touched only by Run's goroutine.
+type loop struct {
+	run        uint64               // which Run this is (Relay.runs)
+	groups     map[groupKey]*window // deleted when empty
+	failed     []groupKey           // windows whose failed is set
+	pending    []*pendingRow        // rows not answered yet, in claim order; compacted as they are answered
+	marks      marks
+	nextClaim  time.Time // no claim before this (the last found too little, or failed)
+	nextSweep  time.Time // KeepSent clean-up
+	flushFails int
+	flushAt    time.Time // after a failed write: no write before this
+}
+
+// Run claims and delivers rows until ctx ends, then stops claiming, waits for what it holds (bounded by
+// Lease) and returns.
+//
+// Errors from the database are logged and the statement is tried again
+// later; Run returns an error only when it cannot start (the table is
+// missing, or Run is already running), and nil when ctx ends. The results
+// it knows when it returns are written (within 10s); rows whose result is
+// not known stay claimed until their lease ends.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("sinkbatch/outbox: Run is already running")
+	}
+	defer r.running.Store(false)
+	r.owner.Store(randomID())
+	// Rows an earlier Run left without an answer are not this Run's: their
+	// leases will end, and a late answer is ignored (an acceptance still
+	// written).
+	r.inflight.Store(0)
+	r.runs++
+	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.table)); err != nil {
+		return fmt.Errorf("sinkbatch/outbox: table %s: %w", r.cfg.Table, err)
+	}
+	l := &loop{groups: map[groupKey]*window{}, run: r.runs}
+	var stopAt time.Time // set when ctx ends
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		now := time.Now()
+		r.take(l, now)
+		stopping := !stopAt.IsZero()
+		if stopping && (r.inflight.Load() == 0 || !now.Before(stopAt)) {
+			r.finish(ctx, l)
+			return nil
+		}
+		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
+		if l.marks.len() > 0 && due && !now.Before(l.flushAt) {
+			r.flush(ctx, l)
+		}
+		if !stopping && r.cfg.KeepSent > 0 && !now.Before(l.nextSweep) {
+			r.sweepSent(ctx)
+			l.nextSweep = now.Add(min(max(r.cfg.KeepSent/4, time.Second), time.Minute))
+		}
+		overdue := r.expire(l, now)
+		if !stopping && !now.Before(l.nextClaim) {
+			room := r.cfg.Inflight - int(r.inflight.Load())
+			if room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0) {
+				r.claim(ctx, l, min(room, r.cfg.ClaimBatch))
+				continue
+			}
+		}
+		// Wait for an answer, a timer, or the end.
+		next := now.Add(time.Hour)
+		if l.marks.len() > 0 {
+			next = maxTime(l.marks.since.Add(r.cfg.FlushInterval), l.flushAt)
+		}
+		if !stopping {
+			if l.nextClaim.After(now) {
+				next = minTime(next, l.nextClaim)
+			}
+			if r.cfg.KeepSent > 0 {
+				next = minTime(next, l.nextSweep)
+			}
+		} else {
+			next = minTime(next, stopAt)
+		}
+		next = minTime(next, overdue)
+		timer.Reset(max(next.Sub(now), time.Millisecond))
+		done := ctx.Done()
+		if stopping {
+			done = nil
+		}
+		select {
+		case <-r.wake:
+		case <-timer.C:
+		case <-done:
+			stopAt = time.Now().Add(r.cfg.Lease)
+			// Rows not begun go back at once.
+			for _, w := range l.groups {
+				for _, h := range w.held {
+					r.putBack(l, h, time.Now())
+				}
+				w.held = nil
+			}
+			l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// finish writes the results known when Run stops, on a context of its own.
+func (r *Relay) finish(ctx context.Context, l *loop) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for range 3 {
+		if l.marks.len() == 0 {
+			return
+		}
+		r.flush(wctx, l)
+	}
+}
+
+// answerFor is the callback a delivery's result comes back through.
+func (r *Relay) answerFor(p *pendingRow) func(codec.Result, error) {
+	return func(res codec.Result, err error) {
+		r.mu.Lock()
+		r.done = append(r.done, answer{p: p, r: res, err: err})
+		r.mu.Unlock()
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take turns the answers that came in into marks.
+func (r *Relay) take(l *loop, now time.Time) {
+	r.mu.Lock()
+	done := r.done
+	r.done = nil
+	r.mu.Unlock()
+	for _, a := range done {
+		r.answered(l, a, now)
+	}
+	if len(done) > 0 {
+		l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
+	}
+}
+
+// answered records one answer and moves its group's window on.
+func (r *Relay) answered(l *loop, a answer, now time.Time) {
+	p := a.p
+	if p.run != l.run || p.answered { // an earlier Run's, or expire gave up on it: its lease is long over
+		if a.err == nil {
+			r.record(l, a, now) // the message is there all the same
+		}
+		return
+	}
+	p.answered = true
+	r.inflight.Add(-1)
+	r.record(l, a, now)
+	if p.group.group == "" {
+		return
+	}
+	w := l.groups[p.group]
+	if w == nil {
+		return
+	}
+	w.n--
+	if a.err != nil {
+		if !w.failed {
+			w.failed = true
+			l.failed = append(l.failed, p.group)
+		}
+		for _, h := range w.held {
+			r.putBack(l, h, now)
+		}
+		w.held = nil
+	}
+	r.advance(l, p.group, w, now)
+}
+
+// advance opens a drained window afresh for its held rows, or deletes it.
+func (r *Relay) advance(l *loop, k groupKey, w *window, now time.Time) {
+	if w.n > 0 || w.failed {
+		return
+	}
+	if len(w.held) == 0 {
+		delete(l.groups, k)
+		return
+	}
+	held := w.held
+	w.held = nil
+	w.deadline = held[0].deadline
+	for _, h := range held {
+		r.begin(l, h, w)
+	}
+}
+
+// putBack writes p back unsent, as it was before its claim, without a
+// delay: a row of its group before it blocks it.
+func (r *Relay) putBack(l *loop, p *pendingRow, now time.Time) {
+	p.answered = true
+	r.inflight.Add(-1)
+	r.record(l, answer{p: p, err: errHeldBack}, now)
+}
+
+// errHeldBack is what a row put back unsent, behind an earlier row of its
+// group that failed, is recorded with.
+var errHeldBack = errors.New("sinkbatch/outbox: held back behind an earlier row of its group")
+
+// begin hands p to the Sender in window w (nil: no group).
+func (r *Relay) begin(l *loop, p *pendingRow, w *window) {
+	if w != nil {
+		w.n++
+		p.deadline = w.deadline
+	}
+	p.begun = true
+	r.sender.Begin(p.destination, p.message, p.deadline, r.answerFor(p))
+}
+
+// expire gives up on begun rows whose answer is a Lease overdue (a
+// Sender that lost it): their leases, long over, let any relay claim them
+// again, and they are put back as failed. It returns when the next begun
+// row will be overdue.
+func (r *Relay) expire(l *loop, now time.Time) (next time.Time) {
+	next = now.Add(time.Hour)
+	var lost []*pendingRow
+	for _, p := range l.pending {
+		if p.answered || !p.begun {
+			continue
+		}
+		if at := p.deadline.Add(r.cfg.Lease); now.Before(at) {
+			next = minTime(next, at)
+		} else {
+			lost = append(lost, p)
+		}
+	}
+	for _, p := range lost {
+		r.answered(l, answer{p: p, err: errNoAnswer}, now)
+	}
+	if len(lost) > 0 {
+		r.log.Warn("outbox: no answer for rows long past their deadline; putting them back", "rows", len(lost))
+		l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
+	}
+	return next
+}
+
+// errNoAnswer is recorded for a row whose answer never came.
+var errNoAnswer = errors.New("sinkbatch/outbox: no answer from the Sender")
+
+// record classifies one answer into the marks.
+func (r *Relay) record(l *loop, a answer, now time.Time) {
+	m := &l.marks
+	if m.len() == 0 {
+		m.since = now
+	}
+	if a.err == nil {
+		m.sentIDs, m.sentMsg = append(m.sentIDs, a.p.id), append(m.sentMsg, a.r.ID)
+		return
+	}
+	var (
+		paused *messages.GroupPausedError
+		full   *messages.RetryAfterError
+		delay  time.Duration
+		undo   int32
+		dead   bool
+	)
+	switch {
+	case a.err == errHeldBack:
+		undo = 1
+	case errors.As(a.err, &paused):
+		delay, undo = jitter(r.cfg.PausedDelay), 1
+	case errors.As(a.err, &full):
+		delay, undo = full.After, 1
+	case codec.IsPermanent(a.err):
+		dead = true
+	case r.cfg.MaxAttempts > 0 && a.p.attempts >= r.cfg.MaxAttempts:
+		dead = true
+	default:
+		ceiling := r.cfg.MaxBackoff
+		if shift := a.p.attempts - 1; shift < 40 && r.cfg.Backoff<<shift < ceiling && r.cfg.Backoff<<shift > 0 {
+			ceiling = r.cfg.Backoff << shift
+		}
+		delay = jitter(ceiling)
+	}
+	text := a.err.Error()
+	if len(text) > 4096 {
+		text = text[:4096]
+	}
+	m.ids, m.claims, m.delays = append(m.ids, a.p.id), append(m.claims, a.p.claim), append(m.delays, delay.Microseconds())
+	m.undo, m.dead, m.errs = append(m.undo, undo), append(m.dead, dead), append(m.errs, text)
+}
+
+// jitter is uniform in [0, d).
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d)
+}
+
+// claimedRow is one row a claim returned.
+type claimedRow struct {
+	id                              int64
+	destination, tenant, group, key string
+	body                            []byte
+	attributes                      []byte
+	attempts                        int
+}
+
+// claim takes up to n claimable rows and begins their deliveries, in row
+// order. A row is claimable when it is unsent, its lease or backoff is
+// over, and no earlier unsent row of its (destination, group) is leased by
+// another relay or waiting out a backoff. Claims hold the table's advisory
+// lock exclusively, and result writes hold it shared, so a claim never sees
+// a half-written result.
+func (r *Relay) claim(ctx context.Context, l *loop, n int) {
+	token := randomID()
+	started := time.Now()
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1)`, r.lockKey)
+	b.Queue(claimSQL(r.table), r.owner.Load(), n, token, r.cfg.Lease.Microseconds())
+	res := r.cfg.DB.SendBatch(qctx, b)
+	var rows []claimedRow
+	_, err := res.Exec()
+	if err == nil {
+		var q pgx.Rows
+		q, err = res.Query()
+		if err == nil {
+			for q.Next() {
+				var c claimedRow
+				if err = q.Scan(&c.id, &c.destination, &c.tenant, &c.group, &c.key, &c.body, &c.attributes, &c.attempts); err != nil {
+					break
+				}
+				rows = append(rows, c)
+			}
+			q.Close()
+			if err == nil {
+				err = q.Err()
+			}
+		}
+	}
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	r.statements.Add(1)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Error("outbox: claim failed", "err", err)
+		}
+		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
+		return
+	}
+	if len(rows) < n {
+		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
+	}
+	if len(rows) == 0 {
+		return
+	}
+	slices.SortFunc(rows, func(a, b claimedRow) int { return int(min(max(a.id-b.id, -1), 1)) })
+	r.claimed.Add(int64(len(rows)))
+	if r.metrics != nil {
+		r.metrics.claimed.Add(ctx, int64(len(rows)), r.metrics.attrs)
+	}
+	// The Sender gives up before the lease ends, so that its answer can
+	// be written while the row is still this relay's.
+	deadline := started.Add(r.cfg.Lease - r.cfg.Lease/4)
+	// Answers that came in meanwhile first: a failure holds its group back.
+	now := time.Now()
+	r.take(l, now)
+	for _, c := range rows {
+		p := &pendingRow{run: l.run, id: c.id, claim: token, attempts: c.attempts, group: groupKey{c.destination, c.group},
+			deadline: deadline, destination: c.destination}
+		p.message = codec.Message{Tenant: c.tenant, Group: c.group, IdempotencyKey: c.key, Body: c.body}
+		if p.message.IdempotencyKey == "" {
+			p.message.IdempotencyKey = strconv.FormatInt(c.id, 10)
+		}
+		r.inflight.Add(1)
+		l.pending = append(l.pending, p)
+		if len(c.attributes) > 0 {
+			if err := json.Unmarshal(c.attributes, &p.message.Attributes); err != nil {
+				err = codec.Permanent(fmt.Errorf("sinkbatch/outbox: row %d: attributes: %w", c.id, err))
+				r.answered(l, answer{p: p, err: err}, now)
+				continue
+			}
+		}
+		if c.group == "" {
+			r.begin(l, p, nil)
+			continue
+		}
+		w := l.groups[p.group]
+		switch {
+		case w == nil:
+			w = &window{deadline: deadline}
+			l.groups[p.group] = w
+			r.begin(l, p, w)
+		case w.failed:
+			r.putBack(l, p, now)
+		case len(w.held) > 0 || w.deadline.Sub(now) < r.cfg.Lease/2:
+			w.held = append(w.held, p)
+		default:
+			r.begin(l, p, w)
+		}
+	}
+	l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
+}
+
+func claimSQL(t string) string {
+	return fmt.Sprintf(`
+WITH blocked AS (
+	SELECT destination, grp, min(id) AS first
+	FROM %[1]s
+	WHERE state = 0 AND available_at > now() AND grp <> '' AND owner IS DISTINCT FROM $1
+	GROUP BY destination, grp
+), c AS (
+	SELECT o.id FROM %[1]s o
+	WHERE o.state = 0 AND o.available_at <= now()
+	  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.destination = o.destination AND b.grp = o.grp AND b.first < o.id)
+	ORDER BY o.id
+	LIMIT $2
+	FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE %[1]s o SET owner = $1, claim = $3, attempts = o.attempts + 1,
+	available_at = now() + $4 * interval '1 microsecond'
+FROM c WHERE o.id = c.id
+RETURNING o.id, o.destination, o.tenant, o.grp, o.idempotency_key, o.body, o.attributes, o.attempts`, t)
+}
+
+// flush writes the marks: sent rows (deleted, or kept with their message
+// id), then rows put back or dead, in one round trip and one transaction
+// that holds the table's advisory lock shared. A row put back or marked
+// dead only while its claim is still the one this relay made; a sent row
+// whatever holds it, since its message is at the destination.
+func (r *Relay) flush(ctx context.Context, l *loop) {
+	m := &l.marks
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock_shared($1)`, r.lockKey)
+	stmts := 0
+	if len(m.sentIDs) > 0 {
+		stmts++
+		if r.cfg.KeepSent == 0 {
+			b.Queue(fmt.Sprintf(`DELETE FROM %s WHERE id = ANY($1) AND state = 0`, r.table), m.sentIDs)
+		} else {
+			b.Queue(fmt.Sprintf(`UPDATE %s o SET state = 1, sent_at = now(), message_id = m.mid, owner = NULL, claim = NULL
+FROM unnest($1::bigint[], $2::text[]) AS m(id, mid) WHERE o.id = m.id AND o.state = 0`, r.table), m.sentIDs, m.sentMsg)
+		}
+	}
+	if len(m.ids) > 0 {
+		stmts++
+		b.Queue(fmt.Sprintf(`UPDATE %s o SET
+	state = CASE WHEN m.dead THEN 2 ELSE 0 END,
+	available_at = now() + m.delay * interval '1 microsecond',
+	attempts = o.attempts - m.undo, last_error = m.err, owner = NULL, claim = NULL
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::bool[], $6::text[]) AS m(id, claim, delay, undo, dead, err)
+WHERE o.id = m.id AND o.claim = m.claim AND o.state = 0`, r.table), m.ids, m.claims, m.delays, m.undo, m.dead, m.errs)
+	}
+	err := r.cfg.DB.SendBatch(qctx, b).Close()
+	r.statements.Add(int64(stmts))
+	if err != nil {
+		l.flushFails++
+		r.log.Error("outbox: writing results failed; trying again", "err", err, "rows", m.len())
+		// Try again after a pause that grows; the rows stay claimed meanwhile.
+		l.flushAt = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval, r.cfg.Lease/4))
+		return
+	}
+	l.flushFails = 0
+	for _, k := range l.failed {
+		if w := l.groups[k]; w != nil {
+			w.failed = false
+			r.advance(l, k, w, time.Now())
+		}
+	}
+	l.failed = l.failed[:0]
+	var dead, retried int64
+	for _, d := range m.dead {
+		if d {
+			dead++
+		} else {
+			retried++
+		}
+	}
+	sent := int64(len(m.sentIDs))
+	r.sent.Add(sent)
+	r.dead.Add(dead)
+	r.retried.Add(retried)
+	if r.metrics != nil {
+		r.metrics.sent.Add(ctx, sent, r.metrics.attrs)
+		r.metrics.dead.Add(ctx, dead, r.metrics.attrs)
+		r.metrics.retried.Add(ctx, retried, r.metrics.attrs)
+	}
+	m.reset()
+}
+
+// sweepSent deletes sent rows older than KeepSent, sweepChunk rows per
+// statement, until fewer than that are left or a second has passed (the
+// next sweep goes on).
+func (r *Relay) sweepSent(ctx context.Context) {
+	const sweepChunk = 10_000
+	start := time.Now()
+	for time.Since(start) < time.Second {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		tag, err := r.cfg.DB.Exec(qctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (
+	SELECT id FROM %[1]s WHERE state = 1 AND sent_at < now() - $1 * interval '1 microsecond' LIMIT %[2]d)`, r.table, sweepChunk),
+			r.cfg.KeepSent.Microseconds())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Error("outbox: deleting old sent rows failed", "err", err)
+			}
+			return
+		}
+		if tag.RowsAffected() < sweepChunk {
+			return
+		}
+	}
+}
+
+// ExplainClaim returns PostgreSQL's plan for this relay's claim of
+// ClaimBatch rows, to check that it stays an index scan at the table's
+// size. With analyze, the claim runs (EXPLAIN ANALYZE) inside a
+// transaction that is rolled back, and the plan carries its timings.
+func (r *Relay) ExplainClaim(ctx context.Context, analyze bool) (string, error) {
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the rollback is the point
+	verb := "EXPLAIN"
+	if analyze {
+		verb = "EXPLAIN (ANALYZE, BUFFERS)"
+	}
+	rows, err := tx.Query(ctx, verb+claimSQL(r.table), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
+	if err != nil {
+		return "", err
+	}
+	var plan []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			rows.Close()
+			return "", err
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	return strings.Join(plan, "\n"), nil
+}

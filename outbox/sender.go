@@ -1,0 +1,204 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/ankusa/sinkbatch/actors"
+	"github.com/ankusa/sinkbatch/actors/clustered"
+	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/messages"
+)
+
+// Sender is what a relay delivers through.
+type Sender interface {
+	Send(ctx context.Context, destination string, m codec.Message) (codec.Result, error)
+}
+
+// OrderedSender is a Sender that can start a delivery without waiting for
+// its result, so that a relay keeps many rows of one group in flight and
+// still has them sent in row order.
+//
+// Begin hands m to the destination and returns without waiting: messages
+// of one group whose Begin calls return one after the other, from one
+// goroutine, are admitted in that order. done is called exactly once with
+// m's result, from any goroutine, possibly before Begin returns; it must
+// not block. The message is never sent after deadline unless its request
+// had already left. A relay whose Sender is not an OrderedSender keeps at
+// most one row of each group in flight.
+//
+// Local and Cluster return OrderedSenders.
+type OrderedSender interface {
+	Sender
+	Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error))
+}
+
+// UnknownDestinationError answers a row whose Destination the Sender does
+// not know. Permanent: the row is marked dead.
+type UnknownDestinationError struct{ Destination string }
+
+func (e *UnknownDestinationError) Error() string {
+	return fmt.Sprintf("sinkbatch/outbox: unknown destination %q", e.Destination)
+}
+
+// PermanentFailure marks the error permanent for codec.IsPermanent.
+func (e *UnknownDestinationError) PermanentFailure() bool { return true }
+
+// Local delivers through one process's instance, to the codecs named by
+// destinations (the map is copied). For the order of groups, give each
+// codec Tuning.StrictGroups. It spawns one small actor in inst's actor
+// system that receives the answers; it lives as long as the system.
+func Local(inst *actors.Instance, destinations map[string]codec.Codec) Sender {
+	dests := make(map[string]codec.Codec, len(destinations))
+	for k, v := range destinations {
+		dests[k] = v
+	}
+	s := &actorSender{system: inst.System(), target: inst.PID}
+	s.message = func(destination string, m codec.Message, deadline time.Time, ref any) (any, error) {
+		c, ok := dests[destination]
+		if !ok || c == nil {
+			return nil, &UnknownDestinationError{Destination: destination}
+		}
+		return &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: ref}, nil
+	}
+	s.start()
+	return s
+}
+
+// Cluster delivers through a cluster member: every replica's rows for one
+// destination go to the one batcher the cluster runs for it. Destination
+// names are the node's (clustered.Config.Destinations). It delivers with
+// Node.DeliverResult, which waits for each answer, so a relay keeps one row
+// of each group in flight (see OrderedSender); rows of different groups go
+// at once.
+func Cluster(node *clustered.Node) Sender {
+	return clusterSender{node}
+}
+
+type clusterSender struct{ node *clustered.Node }
+
+func (s clusterSender) Send(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
+	return s.node.DeliverResult(ctx, destination, m)
+}
+
+// actorSender sends the actor form of a delivery to target from the
+// caller's goroutine, with an actor of its own as the sender, so that
+// deliveries begun one after the other reach the batcher in that order and
+// their answers come back as messages.
+type actorSender struct {
+	system  *actor.ActorSystem
+	target  func() *actor.PID
+	message func(destination string, m codec.Message, deadline time.Time, ref any) (any, error)
+	answers *actor.PID
+}
+
+// pending is one delivery waiting for its answer; it is the Deliver's Ref.
+type pending struct {
+	done func(codec.Result, error)
+}
+
+func (s *actorSender) start() {
+	s.answers = s.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if d, ok := c.Message().(*messages.Delivered); ok {
+			if p, ok := d.Ref.(*pending); ok {
+				if d.Err != nil {
+					p.done(codec.Result{}, d.Err)
+				} else {
+					p.done(codec.Result{ID: d.ID, Sequence: d.Sequence}, nil)
+				}
+			}
+		}
+	}))
+}
+
+// Begin implements OrderedSender.
+func (s *actorSender) Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) {
+	msg, err := s.message(destination, m, deadline, &pending{done: done})
+	if err != nil {
+		done(codec.Result{}, err)
+		return
+	}
+	s.system.Root.RequestWithCustomSender(s.target(), msg, s.answers)
+}
+
+// Send implements Sender: Begin, then wait for the answer or ctx.
+func (s *actorSender) Send(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(actors.DefaultTimeout)
+	}
+	type answer struct {
+		r   codec.Result
+		err error
+	}
+	ch := make(chan answer, 1)
+	s.Begin(destination, m, deadline, func(r codec.Result, err error) { ch <- answer{r, err} })
+	select {
+	case a := <-ch:
+		return a.r, a.err
+	case <-ctx.Done():
+		return codec.Result{}, ctx.Err()
+	}
+}
+
+// serialSender makes an OrderedSender of a plain Sender: a group's rows
+// are sent one at a time, in the order begun; rows without a group each at
+// once.
+type serialSender struct {
+	Sender
+	mu     sync.Mutex
+	groups map[string][]serialCall // guarded by mu; a key is deleted when its queue empties
+}
+
+type serialCall struct {
+	destination string
+	m           codec.Message
+	deadline    time.Time
+	done        func(codec.Result, error)
+}
+
+func (s *serialSender) Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) {
+	c := serialCall{destination, m, deadline, done}
+	if m.Group == "" {
+		go s.send(c)
+		return
+	}
+	key := destination + "\x00" + m.Group
+	s.mu.Lock()
+	q, running := s.groups[key]
+	s.groups[key] = append(q, c)
+	s.mu.Unlock()
+	if !running {
+		go s.drain(key)
+	}
+}
+
+func (s *serialSender) send(c serialCall) {
+	ctx, cancel := context.WithDeadline(context.Background(), c.deadline)
+	r, err := s.Send(ctx, c.destination, c.m)
+	cancel()
+	c.done(r, err)
+}
+
+// drain sends key's queue head by head until it is empty.
+func (s *serialSender) drain(key string) {
+	for {
+		s.mu.Lock()
+		q := s.groups[key]
+		if len(q) == 0 {
+			delete(s.groups, key)
+			s.mu.Unlock()
+			return
+		}
+		c := q[0]
+		s.mu.Unlock()
+		s.send(c)
+		s.mu.Lock()
+		s.groups[key] = s.groups[key][1:]
+		s.mu.Unlock()
+	}
+}
