@@ -16,7 +16,8 @@
 //
 // A batch goes out when the sendable entries reach Tuning.MaxEntries or
 // MaxBytes, or Linger after the queue became non-empty (or after the last
-// batch left), with at most MaxInflight requests in flight per destination.
+// batch left; longer on a loaded instance, see codec.Tuning.Linger), with at
+// most MaxInflight requests in flight per destination.
 // Entries are taken round-robin across tenants, one at a time; entries of
 // one group keep their admission order and a group has at most one request in
 // flight. A delivery that does not fit the queue's bounds is refused at once

@@ -69,8 +69,9 @@ type Limits struct {
 // never share a batcher.
 //
 // A batch goes out when the sendable entries reach MaxEntries or MaxBytes,
-// or Linger after the queue became non-empty (or after the last batch left),
-// whichever is first, with at most MaxInflight requests in flight.
+// or Linger after the queue became non-empty (or after the last batch left;
+// longer on a loaded instance, see Linger), whichever is first, with at most
+// MaxInflight requests in flight.
 //
 // Choosing a policy: keep the zero Tuning when callers already retry on
 // messages.RetryAfterError and losing order after a failure is acceptable (a
@@ -89,7 +90,18 @@ type Tuning struct {
 	// topic field, as encoded).
 	MaxBytes int
 	// Linger is how long a batch that is not full waits for more entries.
-	// Default DefaultLinger (5ms).
+	// Default DefaultLinger (5ms). It is the wait at light load: while the
+	// instance has more requests in flight than this destination's
+	// MaxInflight (so other destinations are sending too) and this
+	// destination's requests take longer than Linger on average, the
+	// requests queue for something the destinations share (the CPU, a
+	// server, a connection), and a batch waits as long as the destination's
+	// mean request time instead (at most 64 × Linger, and leaving a request
+	// time before its earliest caller's deadline), so that it carries more
+	// messages for each request. While the instance has no more requests in
+	// flight than that, a batch leaves Linger after its first message,
+	// whatever the request time: a lone caller waits Linger plus the request
+	// time.
 	Linger time.Duration
 	// MaxInflight is the most requests in flight for this destination (the
 	// ceiling of the adaptive limit with Adaptive). Default: the instance's

@@ -254,6 +254,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
 	b.d = newDispatch(q, &b.p.goroutines, b.alive)
+	b.d.stretch, b.d.instance = newStretch(int64(b.p.Tuning.Linger), b.p.Tuning.MaxInflight), &b.p.Counters.InFlight
 	b.startFlow()
 	b.p.incarnations++
 	if b.p.incarnations == 1 {

@@ -41,6 +41,11 @@ type dispatch struct {
 	// lim is the adaptive in-flight limit (adaptive.go); nil unless
 	// Tuning.Adaptive. It sets q.s.maxInflight.
 	lim *limiter
+	// stretch is the linger under load (linger.go); it sets q.lingerNow
+	// from the request times and instance, the instance's requests in
+	// flight (Counters.InFlight; nil: never stretch).
+	stretch  stretch
+	instance *atomic.Int64
 
 	// Set by newDispatch, never changed.
 	goroutines *atomic.Int64 // request goroutines of every incarnation (Params)
@@ -315,6 +320,7 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	}
 	r.held, r.paused = d.q.interrupt(failed, now)
 	d.q.complete(f.groups)
+	d.stretch.ended(o.rtt, o.ok)
 	if d.lim != nil && d.lim.ended(now, o.rtt, o.ok, o.pressured) {
 		d.q.s.maxInflight = d.lim.limit
 		r.limit = d.lim.limit
@@ -326,6 +332,14 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	return r
 }
 
+// relinger sets how long a batch lingers now (linger.go). d.mu must be
+// held.
+func (d *dispatch) relinger() {
+	if d.instance != nil {
+		d.q.lingerNow = d.stretch.wait(d.instance.Load())
+	}
+}
+
 // takeDue takes the batch due now, if any, and registers it as running.
 // The queue counts slots: it never has more than MaxInflight batches out.
 // d.mu must be held.
@@ -333,6 +347,7 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 	if d.down || d.inherited() {
 		return nil, nil
 	}
+	d.relinger()
 	trigger, ok := d.q.due(now)
 	if !ok {
 		return nil, nil
@@ -592,6 +607,7 @@ func (d *dispatch) status(now int64) status {
 
 func (d *dispatch) statusLocked(now int64) status {
 	q := d.q
+	d.relinger()
 	inherited := d.inherited()
 	st := status{
 		queued:      q.queued,

@@ -4,7 +4,6 @@ import (
 	"math"
 
 	"github.com/ankusa/sinkbatch/codec"
-	"github.com/ankusa/sinkbatch/internal/mono"
 	"github.com/ankusa/sinkbatch/messages"
 	"github.com/ankusa/sinkbatch/telemetry"
 )
@@ -103,6 +102,7 @@ type queue struct {
 	inflight    int // requests in flight
 
 	lingerFrom  int64 // when the queue became non-empty or the last batch left
+	lingerNow   int64 // how long a batch lingers now: Linger, or longer under load (linger.go)
 	minDeadline int64 // no live entry has an earlier deadline; MaxInt64 when none
 	draining    bool  // send whatever is sendable, without waiting for Linger
 	// building is the batch a take is building (&builder), until it
@@ -125,6 +125,7 @@ func newQueue(s settings) *queue {
 		tenants:     make(map[string]*tenant),
 		groups:      make(map[string]*lane),
 		minDeadline: math.MaxInt64,
+		lingerNow:   s.linger,
 		paused:      pauses{minUntil: math.MaxInt64},
 		waits:       newWaitlist(),
 	}
@@ -207,7 +208,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 		return telemetry.TriggerBytes, true
 	case q.draining:
 		return telemetry.TriggerDrain, true
-	case now-q.lingerFrom >= q.s.linger:
+	case now >= q.lingerEnd():
 		return telemetry.TriggerLinger, true
 	}
 	return 0, false
@@ -219,7 +220,7 @@ func (q *queue) due(now int64) (telemetry.Trigger, bool) {
 func (q *queue) wake() int64 {
 	w := int64(math.MaxInt64)
 	if q.ready > 0 && q.inflight < q.s.maxInflight && !q.draining {
-		w = mono.AddSat(q.lingerFrom, q.s.linger)
+		w = q.lingerEnd()
 	}
 	if q.queued > 0 {
 		w = min(w, q.minDeadline)

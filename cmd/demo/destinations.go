@@ -95,9 +95,11 @@ func (n *named) Validate(m codec.Message) error {
 	return nil
 }
 
-// failEvery fails every nth request it sends as a whole with a retryable
-// error, as a destination's passing fault would: with StrictGroups each
-// such failure pauses the groups of the request until their callers retry.
+// failEvery fails its first request, and every nth after it, as a whole
+// with a retryable error, as a destination's passing fault would: with
+// StrictGroups each such failure pauses the groups of the request until
+// their callers retry. Counting from the first, a run fails at least once
+// however few requests its batches make.
 type failEvery struct {
 	*named
 	n      int64
@@ -106,7 +108,7 @@ type failEvery struct {
 }
 
 func (f *failEvery) SendBatch(ctx context.Context, batch []codec.Message) ([]codec.Result, error) {
-	if f.sent.Add(1)%f.n == 0 {
+	if (f.sent.Add(1)-1)%f.n == 0 {
 		f.Failed.Add(1)
 		return nil, &codec.EntryError{Code: "InternalError", Message: "demo: a passing fault"}
 	}
