@@ -43,7 +43,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// TLSOptions includes GuardReceive: no peer's message ends the process.
 	rc := remote.Configure("0.0.0.0", 8090, clustered.TLSOptions(clustered.MutualTLS(ca, memberCert, "sinkbatch-cluster"))...)
+	// A member that does not answer must not hold deliveries for
+	// MaxRetryCount × 2 s in protoactor's endpoint writer.
+	rc.MaxRetryCount = 1
 	c := cluster.New(system, cluster.Configure("orders-service",
 		automanaged.NewWithConfig(2*time.Second, 6330, hosts...), disthash.New(), rc,
 		cluster.WithKinds(node.Kind())))
@@ -51,6 +55,12 @@ func Example() {
 	if err := node.Attach(c); err != nil {
 		log.Fatal(err)
 	}
+	go func() {
+		// The cluster dropped this member (a pause past its health
+		// timeout): it admits nothing more. Leave and start anew.
+		<-node.Excluded()
+		log.Println("excluded from the cluster: restarting")
+	}()
 
 	// From any member, to the one batcher of "orders" in the cluster.
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
