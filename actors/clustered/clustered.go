@@ -19,7 +19,6 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/ankusa/sinkbatch/actors"
-	"github.com/ankusa/sinkbatch/actors/batcher"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -705,8 +704,7 @@ func checkCodec(c codec.Codec) (err error) {
 			err = fmt.Errorf("the codec panicked in Limits or Tuning: %v", p)
 		}
 	}()
-	_, err = batcher.Resolve(c, actors.DefaultSinkConcurrency)
-	return err
+	return actors.CheckCodec(c)
 }
 
 // nilPointer reports whether c is a nil pointer in an interface (a nil

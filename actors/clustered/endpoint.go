@@ -9,7 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 
-	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -26,7 +26,7 @@ import (
 //     by the RequestId of the PID they were sent to;
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
-//     batcher.Direct), HandoffRequests from other members, and their
+//     actors.Direct), HandoffRequests from other members, and their
 //     GroupsRequests (Node.ResumeGroup and PausedGroups), answered with a
 //     GroupsReply under the request's RequestId;
 //   - a HandoffDone naming no destination: its member left gracefully;
@@ -57,7 +57,7 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	case *cluster.ActivationResponse, *actor.DeadLetterResponse, *clusterpb.GroupsReply:
 		n.onAnswer(pid.RequestId, m)
 	case *messages.Delivered:
-		if d, ok := m.Ref.(*batcher.Direct); ok {
+		if d, ok := m.Ref.(*actors.Direct); ok {
 			if a, ok := d.Listener.(*admitted); ok {
 				a.Answer(pid, codec.Result{ID: m.ID, Sequence: m.Sequence, Err: m.Err})
 			}

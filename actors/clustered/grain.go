@@ -9,7 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
 
-	"github.com/ankusa/sinkbatch/actors/batcher"
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -355,7 +355,7 @@ func (g *grain) admit(b parked, a *admitted) {
 // its record, answered under call.
 func (n *Node) admit(a *admitted, h *held, call uint32, d messages.Deliver) {
 	a.n, a.held, a.call = n, h, call
-	a.direct = batcher.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
+	a.direct = actors.Direct{Listener: a, Sender: n.PID(), Room: &a.room}
 	a.deliver = d
 	a.deliver.Ref = &a.direct
 	// No envelope: the instance answers the Direct's Listener.
@@ -386,9 +386,9 @@ type admitted struct {
 	token      uint64
 	answered   atomic.Bool
 	unleased   atomic.Bool // Listening said no for want of the lease
-	direct     batcher.Direct
+	direct     actors.Direct
 	deliver    messages.Deliver
-	room       batcher.Room // the batcher's entry for the delivery
+	room       actors.Room // the batcher's entry for the delivery
 }
 
 // admittedPool recycles the records batchers let go of.
