@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
@@ -286,11 +287,36 @@ func toProto(m codec.Message, idemAttr string, propagate bool) *pubsubpb.PubsubM
 	if m.IdempotencyKey != "" {
 		attrs[idemAttr] = m.IdempotencyKey
 	}
-	if propagate && m.Trace.Parent != "" {
+	// What Pub/Sub can take of the trace context (see the package doc): a
+	// value over 1024 bytes or not UTF-8 does not travel; the state goes
+	// first when the attributes would pass 100, then the whole context.
+	fits := func(v string) bool { return len(v) <= pubsub.MaxAttributeValueBytes && utf8.ValidString(v) }
+	parent, state := m.Trace.Parent, m.Trace.State
+	if !fits(state) {
+		state = ""
+	}
+	if !propagate || !fits(parent) {
+		parent = ""
+	}
+	if parent != "" {
+		n := len(attrs)
+		for _, k := range []string{pubsub.TraceParentAttribute, pubsub.TraceStateAttribute} {
+			if _, ok := attrs[k]; ok {
+				n--
+			}
+		}
+		if n+2 > pubsub.MaxAttributes || state == "" {
+			state = ""
+			if n+1 > pubsub.MaxAttributes {
+				parent = ""
+			}
+		}
+	}
+	if parent != "" {
 		delete(attrs, pubsub.TraceStateAttribute)
-		attrs[pubsub.TraceParentAttribute] = m.Trace.Parent
-		if m.Trace.State != "" {
-			attrs[pubsub.TraceStateAttribute] = m.Trace.State
+		attrs[pubsub.TraceParentAttribute] = parent
+		if state != "" {
+			attrs[pubsub.TraceStateAttribute] = state
 		}
 	}
 	return &pubsubpb.PubsubMessage{Data: m.Body, Attributes: attrs, OrderingKey: m.Group}
