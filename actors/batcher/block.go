@@ -294,15 +294,7 @@ func indexOf(ts []*waitTenant, t *waitTenant) int {
 // ones so that it does not grow without bound.
 func (f *waitFIFO) push(e *entry) {
 	if n := len(f.entries) - f.head; n > 16 && n > 2*f.live {
-		k := 0
-		for _, x := range f.entries[f.head:] {
-			if !x.waitGone {
-				f.entries[k] = x
-				k++
-			}
-		}
-		clear(f.entries[k:])
-		f.entries, f.head = f.entries[:k], 0
+		f.entries, f.head = compact(f.entries, f.head, func(x *entry) bool { return x.waitGone }), 0
 	}
 	f.entries = append(f.entries, e)
 	f.live++

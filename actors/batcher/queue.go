@@ -621,15 +621,7 @@ func (q *queue) unlink(l *lane) {
 // so that a lane whose callers keep giving up does not grow without bound.
 func (l *lane) push(e *entry) {
 	if l.dead > 16 && l.dead > l.live {
-		n := 0
-		for _, x := range l.entries[l.head:] {
-			if !x.dead {
-				l.entries[n] = x
-				n++
-			}
-		}
-		clear(l.entries[n:])
-		l.entries, l.head, l.dead = l.entries[:n], 0, 0
+		l.entries, l.head, l.dead = compact(l.entries, l.head, func(x *entry) bool { return x.dead }), 0, 0
 	} else if l.head > 0 && l.head >= len(l.entries)/2 && len(l.entries) == cap(l.entries) {
 		n := copy(l.entries, l.entries[l.head:])
 		clear(l.entries[n:])
@@ -638,6 +630,21 @@ func (l *lane) push(e *entry) {
 	l.entries = append(l.entries, e)
 	l.live++
 	l.bytes += int64(e.size)
+}
+
+// compact moves the entries of es[head:] that are not gone to the front of
+// es, in order, clears the rest and returns them: the one compaction of the
+// lazy-deletion FIFOs (lanes, and the waiting list's FIFOs).
+func compact(es []*entry, head int, gone func(*entry) bool) []*entry {
+	n := 0
+	for _, x := range es[head:] {
+		if !gone(x) {
+			es[n] = x
+			n++
+		}
+	}
+	clear(es[n:])
+	return es[:n]
 }
 
 // skipDead advances the head past dead entries, so that it is live
