@@ -2,6 +2,8 @@ package actors
 
 import (
 	"context"
+	"fmt"
+	"slices"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -62,11 +64,17 @@ func (i *Instance) TakePausedGroups(ctx context.Context, c codec.Codec) ([]messa
 // had ended before the call adopts nothing. A group that is paused already
 // keeps its pause,
 // and a destination without StrictGroups pauses nothing. It returns
-// messages.ErrStopped once Stop was called, and otherwise ResumeGroup's
-// errors.
+// messages.ErrStopped once Stop was called, a permanent error adopting
+// nothing if a group has no name or waits for an empty key (no grouped
+// delivery can carry one), and otherwise ResumeGroup's errors.
 func (i *Instance) AdoptPausedGroups(ctx context.Context, c codec.Codec, groups []messages.PausedGroup) error {
 	if err := checkCall(ctx, c); err != nil {
 		return err
+	}
+	for _, g := range groups {
+		if g.Group == "" || g.Key == "" || slices.Contains(g.Then, "") {
+			return codec.Permanent(fmt.Errorf("sinkbatch: AdoptPausedGroups: group %.64q has no name or waits for an empty idempotency key", g.Group))
+		}
 	}
 	return i.sup.AdoptPauses(ctx, c, groups)
 }

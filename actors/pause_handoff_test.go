@@ -129,8 +129,16 @@ func TestAdoptPausedGroupsAtTheEdges(t *testing.T) {
 		{Group: "negative", Key: "k2", Left: -time.Second},
 		{Group: "long", Key: "k3", Left: time.Hour},
 		{Group: "own", Key: "k-theirs", Left: time.Hour},
-		{Group: "", Key: "k4", Left: time.Hour},
 	}))
+	for _, bad := range []messages.PausedGroup{
+		{Group: "", Key: "k4", Left: time.Hour},
+		{Group: "nokey", Key: "", Left: time.Hour},
+		{Group: "emptythen", Key: "k5", Then: []string{"k6", ""}, Left: time.Hour},
+	} {
+		err := inst.AdoptPausedGroups(bg, c, []messages.PausedGroup{{Group: "fine", Key: "k7", Left: time.Hour}, bad})
+		require.Error(t, err, "%+v", bad)
+		assert.True(t, codec.IsPermanent(err))
+	}
 	paused, err := inst.PausedGroups(bg, c)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"long", "own"}, paused)

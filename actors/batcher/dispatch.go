@@ -135,6 +135,21 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 		a.dropped = d.q.sweep(now, d.alive)
 		a.dropped = append(a.dropped, d.q.sweepWaiters(now, d.alive)...)
 		a.dropped = append(a.dropped, d.q.promote(now, d.alive)...)
+		if d.q.s.strict && g != "" {
+			// The sweep may have paused e's group (an older entry of it
+			// expired or its caller left): e is held as any delivery to
+			// a paused group is, or is the retry it now waits for.
+			var rank uint64
+			var paused bool
+			if a.waitFor, paused, retry, rank = d.q.checkPaused(g, e.msg.IdempotencyKey, now); paused && !retry {
+				d.q.owe(e)
+				a.paused = true
+				return a
+			}
+			if retry {
+				e.rank = rank
+			}
+		}
 		a.reason, a.ok = d.q.admit(e, now)
 	}
 	if !a.ok && d.q.s.block {
@@ -163,7 +178,9 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 			}
 		}
 	}
-	if retry && (a.ok || a.waiting) && d.q.admitted(g) {
+	// A retry that a pause took out again as it waited (heldBy) was not
+	// admitted.
+	if retry && (a.ok || a.waiting) && e.heldBy == "" && d.q.admitted(g, e.msg.IdempotencyKey) {
 		a.resumed = g
 	}
 	if a.ok {

@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -47,8 +48,9 @@ type waitKey struct {
 
 // pause is one paused group.
 type pause struct {
-	keys  []waitKey // sorted by rank, no key twice; keys[0] is admitted next
-	until int64     // the clock's time at which the group resumes on its own
+	keys  []waitKey           // sorted by rank, no key twice; keys[0] is admitted next
+	has   map[string]struct{} // the keys of keys, so that owe costs O(1)
+	until int64               // the clock's time at which the group resumes on its own
 }
 
 // pauses are a destination's paused groups. The map holds paused groups
@@ -90,23 +92,35 @@ func (q *queue) checkPaused(g, key string, now int64) (next string, paused, retr
 // owe adds e, a delivery of a paused group answered GroupPausedError, to
 // the retries the group waits for: that answer, too, leaves the message's
 // fate to its caller. A key the group waits for already keeps its place.
-// The pause's end does not move.
+// The pause's end does not move. It costs O(1): e's rank is the highest.
+// The list grows with each new message a caller delivers to the paused
+// group, and ends with the pause (GroupPauseMax at the latest).
 func (q *queue) owe(e *entry) {
-	g := e.msg.Group
+	g, key := e.msg.Group, e.msg.IdempotencyKey
 	p := q.paused.m[g]
-	p.keys = mergeKeys(p.keys, []waitKey{{e.msg.IdempotencyKey, q.newRank()}})
+	if _, ok := p.has[key]; ok {
+		return
+	}
+	p.keys = append(p.keys, waitKey{key, q.newRank()})
+	p.has[key] = struct{}{}
 	q.paused.m[g] = p
 }
 
-// admitted notes that the retry g waited for next is queued or waiting,
-// and reports whether g has resumed (it waits for nothing more).
-func (q *queue) admitted(g string) (resumed bool) {
+// admitted notes that the retry keyed key, the one g waited for next, is
+// queued or waiting, and reports whether g has resumed (it waits for
+// nothing more).
+func (q *queue) admitted(g, key string) (resumed bool) {
 	p := q.paused.m[g]
-	if len(p.keys) <= 1 {
+	if len(p.keys) > 0 && p.keys[0].key == key {
+		p.keys = p.keys[1:]
+	} else {
+		p.keys = slices.DeleteFunc(p.keys, func(k waitKey) bool { return k.key == key })
+	}
+	delete(p.has, key)
+	if len(p.keys) == 0 {
 		delete(q.paused.m, g)
 		return true
 	}
-	p.keys = p.keys[1:]
 	q.paused.m[g] = p
 	return false
 }
@@ -202,7 +216,11 @@ func (q *queue) setPause(g string, keys []waitKey, now, d int64) {
 		q.paused.m = make(map[string]pause)
 	}
 	until := mono.AddSat(now, d)
-	q.paused.m[g] = pause{keys: keys, until: until}
+	has := make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		has[k.key] = struct{}{}
+	}
+	q.paused.m[g] = pause{keys: keys, has: has, until: until}
 	q.paused.minUntil = min(q.paused.minUntil, until)
 }
 
@@ -248,7 +266,12 @@ func (q *queue) adoptPauses(ps []messages.PausedGroup, now int64) {
 		}
 		var keys []waitKey
 		for _, k := range append([]string{p.Key}, p.Then...) {
-			keys = append(keys, waitKey{k, q.newRank()})
+			if k != "" { // no grouped delivery has an empty key to resume it
+				keys = append(keys, waitKey{k, q.newRank()})
+			}
+		}
+		if len(keys) == 0 {
+			continue
 		}
 		q.setPause(p.Group, mergeKeys(nil, keys), now, min(int64(p.Left), q.s.pauseMax))
 	}
@@ -302,6 +325,7 @@ func (p pauses) clone() pauses {
 		c.m = make(map[string]pause, len(p.m))
 		for g, v := range p.m {
 			v.keys = slices.Clone(v.keys)
+			v.has = maps.Clone(v.has)
 			c.m[g] = v
 		}
 	}

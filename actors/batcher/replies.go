@@ -44,8 +44,8 @@ type Listener interface {
 // Forgetter is a Listener told when a batcher lets go of a call that
 // stopped listening without answering it: its entry was dropped before it
 // was sent (Listening said no), and nothing will be sent or answered for
-// it. Like a Listener's, Forgotten is called from the batcher's actor, must
-// be quick and must not block or panic. An entry is either answered or
+// it. Like a Listener's, Forgotten is called from the batcher's actor or
+// its request goroutines, must be quick and must not block or panic. An entry is either answered or
 // forgotten, never both; an entry that left in a request is answered.
 type Forgetter interface {
 	Forgotten(pid *actor.PID)

@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -285,7 +286,7 @@ func TestStrictPausesCloneForTheNextIncarnation(t *testing.T) {
 	c := q.paused.clone()
 	q.paused.m["g"].keys[0].key = "changed"
 	q.resume("g")
-	assert.Equal(t, pause{keys: []waitKey{{"k", 0}}, until: q.s.pauseMax}, c.m["g"])
+	assert.Equal(t, pause{keys: []waitKey{{"k", 0}}, has: map[string]struct{}{"k": {}}, until: q.s.pauseMax}, c.m["g"])
 	assert.Equal(t, int64(math.MaxInt64), pauses{}.clone().minUntil)
 }
 
@@ -389,4 +390,203 @@ func TestStrictRulesNeedStrictGroups(t *testing.T) {
 	assert.Empty(t, began)
 	assert.Empty(t, d.q.pausedGroups())
 	assert.False(t, admitKeyed(d, "g", 1, "", 1).paused)
+}
+
+// A retry admitted after the sweep admit runs for room drops an older
+// entry of its own group: the group must wait for the dropped entry's
+// retry before the retry just admitted (it was delivered first).
+func TestStrictSweepDuringARetryKeepsTheOlderEntryFirst(t *testing.T) {
+	s := strictSettings()
+	s.queueMax = 1
+	d := handoffDispatch(s)
+	now := int64(1000)
+	x := keyed("a", "g", 1, "X")
+	x.deadline = now + 100
+	require.True(t, d.admit(x, now, false).ok, "X queued")
+	a := d.admit(keyed("a", "g", 2, "N"), now, false)
+	require.False(t, a.ok, "N refused: the queue is full")
+	require.Equal(t, []string{"N"}, waitsFor(d.q, "g"))
+
+	now += 100 // X's deadline passes in the queue
+	a = d.admit(keyed("a", "g", 2, "N"), now, false)
+	require.Equal(t, []string{"a/g/1"}, refs(a.dropped), "X is swept, its caller answered with an expiry")
+	t.Logf("N's retry: ok=%v paused=%v waitFor=%q; g waits for %v", a.ok, a.paused, a.waitFor, waitsFor(d.q, "g"))
+
+	// X's caller retries X at once.
+	ax := d.admit(keyed("a", "g", 1, "X"), now, false)
+	t.Logf("X's retry: ok=%v paused=%v waitFor=%q; g waits for %v", ax.ok, ax.paused, ax.waitFor, waitsFor(d.q, "g"))
+
+	sent := sendAll(d, now)
+	if !a.ok && !a.waiting {
+		// N's caller retries what it was answered without a result.
+		require.True(t, d.admit(keyed("a", "g", 2, "N"), now, false).ok)
+		sent = append(sent, sendAll(d, now)...)
+	}
+	assert.False(t, ax.paused, "X's retry is the one g waits for first")
+	assert.Equal(t, []string{"X", "N"}, sent, "X was delivered before N")
+	assert.Empty(t, d.pausedGroups(now), "g is not left waiting for a key whose caller was answered OK")
+}
+
+// The same, as it happens most simply: A's request fails, so g waits for A
+// then B; A's retry is queued, and its deadline passes in a full queue just
+// as B's retry arrives. The sweep for room pauses g again for A, but B's
+// admission then consumes A's place in the list: B is stored first, and g
+// waits for B (answered OK) while A's next retry is told to wait for it.
+func TestStrictRetryExpiringInAFullQueueIsNotOvertakenByTheNextRetry(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refuse", true: "block"}[block], func(t *testing.T) {
+			s := strictSettings()
+			s.queueMax, s.block = 2, block
+			d := handoffDispatch(s)
+			now := int64(1000)
+			require.True(t, admitKeyed(d, "g", 1, "A", now).ok)
+			require.True(t, admitKeyed(d, "g", 2, "B", now).ok)
+			f, _ := launchAt(d, now)
+			r := d.finishWith(f, now, failing(f, "A"))
+			require.Equal(t, []string{"A", "B"}, waitsFor(d.q, "g"))
+			require.Nil(t, r.next)
+
+			require.True(t, d.admit(mk("o", "", 1, 1), now, false).ok, "another tenant's message")
+			a1 := keyed("a", "g", 1, "A")
+			a1.deadline = now + 50
+			require.True(t, d.admit(a1, now, false).ok, "A's retry")
+			require.Equal(t, []string{"B"}, waitsFor(d.q, "g"))
+
+			now += 50
+			b := admitKeyed(d, "g", 2, "B", now)
+			t.Logf("B's retry: ok=%v waiting=%v paused=%v dropped=%v; g waits for %v", b.ok, b.waiting, b.paused, refs(b.dropped), waitsFor(d.q, "g"))
+			a2 := admitKeyed(d, "g", 1, "A", now)
+			t.Logf("A's second retry: ok=%v waiting=%v paused=%v waitFor=%q", a2.ok, a2.waiting, a2.paused, a2.waitFor)
+			sent := sendAll(d, now)
+			if !b.ok && !b.waiting {
+				// B's caller retries what it was answered without a result.
+				b = admitKeyed(d, "g", 2, "B", now)
+				require.True(t, b.ok || b.waiting)
+				sent = append(sent, sendAll(d, now)...)
+			}
+			assert.Equal(t, []string{"A", "B"}, sent, "g's messages are stored in the order g first delivered them")
+		})
+	}
+}
+
+// sendAll sends every batch due at now, each succeeding, and returns the
+// keys of group g it stored, in order.
+func sendAll(d *dispatch, now int64) []string {
+	var sent []string
+	f, _ := launchAt(d, now)
+	for f != nil {
+		for _, e := range f.entries {
+			if e.msg.Group == "g" {
+				sent = append(sent, e.msg.IdempotencyKey)
+			}
+		}
+		f = d.finishWith(f, now, outcome{}).next
+	}
+	return sent
+}
+
+// (Holds.) With Block, a retry that finds the waiting list full evicts the newest
+// waiter of the tenant with the most: when that is an older retry of its
+// own group (another tenant's), the eviction pauses g for it again, and
+// the new retry's admission must not consume its place.
+func TestStrictRetryEvictingAnOlderRetryOfItsGroupDoesNotOvertakeIt(t *testing.T) {
+	s := strictSettings()
+	s.queueMax, s.block = 2, true
+	d := handoffDispatch(s)
+	now := int64(1000)
+	require.True(t, d.admit(keyed("x", "g", 1, "A"), now, false).ok)
+	require.True(t, d.admit(keyed("y", "g", 2, "B"), now, false).ok)
+	f, _ := launchAt(d, now)
+	require.Equal(t, []string{"x/g/1"}, refs(f.entries))
+	r := d.finishWith(f, now, failing(f, "A"))
+	require.Equal(t, []string{"A", "B"}, waitsFor(d.q, "g"))
+	require.Nil(t, r.next)
+
+	require.True(t, d.admit(mk("x", "", 1, 1), now, false).ok)
+	require.True(t, d.admit(mk("x", "", 2, 1), now, false).ok, "the queue is full")
+	require.True(t, d.admit(mk("x", "", 3, 1), now, false).waiting)
+	a := d.admit(keyed("x", "g", 1, "A"), now, false)
+	require.True(t, a.waiting, "A's retry waits; the waiting list is full")
+	require.Equal(t, []string{"B"}, waitsFor(d.q, "g"))
+
+	b := d.admit(keyed("y", "g", 2, "B"), now, false)
+	require.NotNil(t, b.evicted)
+	t.Logf("B's retry: waiting=%v paused=%v evicted=%s; g waits for %v", b.waiting, b.paused, b.evicted.to.deliver.Ref, waitsFor(d.q, "g"))
+	a2 := d.admit(keyed("x", "g", 1, "A"), now, false)
+	t.Logf("A's next retry: ok=%v waiting=%v paused=%v waitFor=%q", a2.ok, a2.waiting, a2.paused, a2.waitFor)
+	assert.False(t, a2.paused, "g waits for A's retry first: A was delivered before B")
+	assert.Equal(t, "x/g/1", b.evicted.to.deliver.Ref)
+	require.Equal(t, []string{"y/g/2"}, refs(b.dropped), "B's retry is held again behind A")
+	sent := sendAll(d, now)
+	require.True(t, d.admit(keyed("y", "g", 2, "B"), now, false).ok)
+	for range 4 {
+		sent = append(sent, sendAll(d, now)...)
+	}
+	assert.Equal(t, []string{"A", "B"}, sent)
+}
+
+// A handed-over pause that waits for an empty key (no grouped delivery may
+// have one: ErrNoIdempotencyKey) can never be satisfied by a retry: every
+// delivery of the group is refused until the time it has left runs out.
+// Bad input should be refused at once (AdoptPausedGroups has no error for
+// it) or ignored, not turned into a pause no retry can end.
+func TestStrictAdoptedPauseWaitingForAnEmptyKeyIsNotAdopted(t *testing.T) {
+	d := handoffDispatch(strictSettings())
+	now := int64(1000)
+	d.adoptPauses([]messages.PausedGroup{{Group: "g", Key: "", Left: time.Minute}, {Group: "h", Key: "h1", Then: []string{""}, Left: time.Minute}}, now)
+	t.Logf("paused: %v; g waits for %q, h for %q", d.pausedGroups(now), waitsFor(d.q, "g"), waitsFor(d.q, "h"))
+	assert.NotContains(t, d.pausedGroups(now), "g", "g waits for a key no delivery can carry")
+	require.True(t, admitKeyed(d, "g", 1, "k1", now).paused == false, "g's next delivery is admitted")
+	require.True(t, admitKeyed(d, "h", 1, "h1", now).ok, "h1's retry is admitted")
+	assert.False(t, admitKeyed(d, "h", 2, "h2", now).paused, "h then waits for nothing a delivery can carry")
+}
+
+// The simplest case: a new delivery of g finds the queue full; the sweep
+// for room drops g's older entry X (its deadline passed), which pauses g
+// for X's retry, and then admits the new delivery anyway: it was checked
+// against g's pause before the sweep. It is stored before X's retry.
+func TestStrictDeliveryAdmittedAfterTheSweepPausedItsGroupWaits(t *testing.T) {
+	s := strictSettings()
+	s.queueMax = 2
+	d := handoffDispatch(s)
+	now := int64(1000)
+	x := keyed("a", "g", 1, "X")
+	x.deadline = now + 100
+	require.True(t, d.admit(x, now, false).ok)
+	require.True(t, d.admit(mk("o", "", 1, 1), now, false).ok, "the queue is full")
+
+	now += 100
+	n := admitKeyed(d, "g", 2, "N", now)
+	require.Equal(t, []string{"a/g/1"}, refs(n.dropped), "X expired in the queue")
+	t.Logf("N: ok=%v paused=%v waitFor=%q; g waits for %v", n.ok, n.paused, n.waitFor, waitsFor(d.q, "g"))
+	assert.True(t, n.paused, "g waits for X's retry")
+	assert.Equal(t, "X", n.waitFor)
+}
+
+// BenchmarkPausedGroupAnswer answers deliveries to a group paused with 0 and
+// with 10 000 keys already waited for: each answer adds its key (owe), and
+// its cost must not grow with the list (compare the two sub-benchmarks).
+func BenchmarkPausedGroupAnswer(b *testing.B) {
+	for _, n := range []int{0, 10000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			d := handoffDispatch(strictSettings())
+			now := int64(1000)
+			keys := []waitKey{{"first", d.q.newRank()}}
+			for i := range n {
+				keys = append(keys, waitKey{fmt.Sprint("w", i), d.q.newRank()})
+			}
+			d.q.setPause("g", keys, now, int64(time.Hour))
+			es := make([]*entry, b.N)
+			for i := range es {
+				es[i] = keyed("a", "g", i, fmt.Sprint("k", i))
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if !d.admit(es[i], now, false).paused {
+					b.Fatal("admitted to a paused group")
+				}
+			}
+		})
+	}
 }
