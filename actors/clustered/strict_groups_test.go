@@ -89,11 +89,17 @@ func TestStrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 		assert.Equal(t, messages.GroupPausedError{Group: "g", Key: "k1"}, messages.GroupPausedError{Group: gp.Group, Key: gp.Key})
 	}
 	// Another group is not held.
-	_, err = others[1].node.Deliver(ctx, "strict", codec.Message{Tenant: "t", Group: "h", Body: []byte("other-group")})
+	_, err = others[1].node.Deliver(ctx, "strict", codec.Message{Tenant: "t", Group: "h", IdempotencyKey: "other", Body: []byte("other-group")})
 	require.NoError(t, err)
 	id, err := others[1].node.Deliver(ctx, "strict", groupMsg("flaky", "k1"))
 	require.NoError(t, err, "the failed message's retry, from another member")
 	assert.Equal(t, "id-flaky", id)
+	_, err = owner.node.Deliver(ctx, "strict", groupMsg("after", "k3"))
+	var gp *messages.GroupPausedError
+	require.ErrorAs(t, err, &gp, "the group waits for the held message's retry too")
+	assert.Equal(t, "k2", gp.Key)
+	_, err = others[1].node.Deliver(ctx, "strict", groupMsg("held", "k2"))
+	require.NoError(t, err, "the held message's retry resumes the group")
 	for i, m := range []*member{owner, others[0]} {
 		_, err := m.node.Deliver(ctx, "strict", groupMsg("after", "k3"))
 		require.NoError(t, err, "member %d, after the resume", i)
@@ -104,7 +110,7 @@ func TestStrictGroupPausesAndResumesAcrossMembers(t *testing.T) {
 			bodies = append(bodies, string(s.Body))
 		}
 	}
-	assert.Equal(t, []string{"first", "flaky", "after", "after"}, bodies)
+	assert.Equal(t, []string{"first", "flaky", "held", "after", "after"}, bodies)
 	for _, m := range others {
 		assert.Empty(t, m.fake("strict").Sent(), "a non-owner's codec sent")
 	}
@@ -205,6 +211,8 @@ func TestStrictGroupPauseSurvivesALeave(t *testing.T) {
 		assert.Equal(t, []string{"g"}, paused, d)
 		_, err = rest[1].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		require.NoError(t, err, "%s: the failed message's retry", d)
+		_, err = rest[1].node.Deliver(ctx, d, groupMsg("held", "h-"+d))
+		require.NoError(t, err, "%s: the held message's retry", d)
 		_, err = rest[0].node.Deliver(ctx, d, groupMsg("after", "a-"+d))
 		require.NoError(t, err, d)
 		var bodies []string
@@ -213,7 +221,7 @@ func TestStrictGroupPauseSurvivesALeave(t *testing.T) {
 				bodies = append(bodies, string(s.Body))
 			}
 		}
-		assert.Equal(t, []string{"flaky", "after"}, bodies, "%s: what the new owner sent", d)
+		assert.Equal(t, []string{"flaky", "held", "after"}, bodies, "%s: what the new owner sent", d)
 	}
 }
 
@@ -261,13 +269,15 @@ func TestStrictGroupPauseSurvivesAJoin(t *testing.T) {
 		}
 		_, err = ms[0].node.Deliver(ctx, d, groupMsg("flaky", "k-"+d))
 		require.NoError(t, err, "%s: the failed message's retry", d)
+		_, err = ms[1].node.Deliver(ctx, d, groupMsg("held", "h-"+d))
+		require.NoError(t, err, "%s: the held message's retry", d)
 		_, err = ms[1].node.Deliver(ctx, d, groupMsg("after", "a-"+d))
 		require.NoError(t, err, d)
 		var bodies []string
 		for _, s := range joiner.fake(d).Sent() {
 			bodies = append(bodies, string(s.Body))
 		}
-		assert.Equal(t, []string{"flaky", "after"}, bodies, "%s: what the new owner sent", d)
+		assert.Equal(t, []string{"flaky", "held", "after"}, bodies, "%s: what the new owner sent", d)
 	}
 	require.Positive(t, moved, "the joiner owns none of the destinations: the test proved nothing")
 	t.Logf("%d of %d destinations moved to the joiner", moved, len(dests))
