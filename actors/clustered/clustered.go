@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"reflect"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
+	"github.com/ankusa/sinkbatch/internal/nilptr"
 	"github.com/ankusa/sinkbatch/messages"
 )
 
@@ -86,7 +86,7 @@ var (
 	// deploy that adds a name reaches the members one at a time: give every
 	// member the name before anyone delivers to it). Permanent
 	// (codec.IsPermanent): nothing was sent.
-	ErrUnknownDestination error = permanentError("sinkbatch: unknown destination")
+	ErrUnknownDestination = codec.Permanent(errors.New("sinkbatch: unknown destination"))
 )
 
 // errNotDeliver answers what is sent to Node.PID and is not a non-nil
@@ -100,15 +100,6 @@ func (notDeliverError) Error() string {
 }
 func (notDeliverError) Unwrap() error          { return messages.ErrNotDeliver }
 func (notDeliverError) PermanentFailure() bool { return true }
-
-// permanentError is a sentinel error that codec.IsPermanent classifies as
-// permanent.
-type permanentError string
-
-func (e permanentError) Error() string { return string(e) }
-
-// PermanentFailure marks e permanent for codec.IsPermanent.
-func (e permanentError) PermanentFailure() bool { return true }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
@@ -206,7 +197,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 		if !validName.MatchString(name) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination name %s is not [A-Za-z0-9._-]{1,200}", clipName(name))
 		}
-		if c == nil || nilPointer(c) {
+		if nilptr.Is(c) {
 			return nil, fmt.Errorf("sinkbatch: clustered destination %q has a nil codec", name)
 		}
 		if err := checkCodec(c); err != nil {
@@ -705,13 +696,6 @@ func checkCodec(c codec.Codec) (err error) {
 		}
 	}()
 	return actors.CheckCodec(c)
-}
-
-// nilPointer reports whether c is a nil pointer in an interface (a nil
-// *sqs.Codec).
-func nilPointer(c codec.Codec) bool {
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // loopback reports whether host is a loopback address or name.
