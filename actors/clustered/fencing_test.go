@@ -11,7 +11,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -88,7 +87,7 @@ const fenceTopic = "fenced"
 // own, publishing to one pstest through a listener per member, so that
 // the server knows who published.
 type fenced struct {
-	children []*fenceChild
+	children []fenceChild
 	proxies  []*proxyPair // each member's, when proxied
 	owner    int
 	log      *publishLog
@@ -325,15 +324,11 @@ func (p *proxy) heal() {
 }
 
 // fenceChild is a member of a fencing test, in a process of its own.
-type fenceChild struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
+type fenceChild struct{ *child }
 
 const fenceRole = "SINKBATCH_FENCE_CHILD"
 
-func startFenceChild(t *testing.T, slot, health, port int, advertised string, hosts []string, pubsubAddr string) *fenceChild {
+func startFenceChild(t *testing.T, slot, health, port int, advertised string, hosts []string, pubsubAddr string) fenceChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFenceChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), fenceRole+"=1",
@@ -343,33 +338,12 @@ func startFenceChild(t *testing.T, slot, health, port int, advertised string, ho
 		"SINKBATCH_FENCE_ADVERTISED="+advertised,
 		"SINKBATCH_FENCE_HOSTS="+strings.Join(hosts, ","),
 		"SINKBATCH_FENCE_PUBSUB="+pubsubAddr)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	ch := &fenceChild{cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		defer close(ch.lines)
-		s := bufio.NewScanner(out)
-		for s.Scan() {
-			if line, ok := strings.CutPrefix(s.Text(), "FENCE "); ok {
-				ch.lines <- line
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return ch
+	return fenceChild{spawn(t, cmd, "FENCE ")}
 }
 
 // expect waits up to within for the child to say word, skipping other
 // lines.
-func (ch *fenceChild) expect(t *testing.T, word string, within time.Duration) {
+func (ch fenceChild) expect(t *testing.T, word string, within time.Duration) {
 	t.Helper()
 	timer := time.NewTimer(within)
 	defer timer.Stop()
@@ -384,12 +358,6 @@ func (ch *fenceChild) expect(t *testing.T, word string, within time.Duration) {
 			t.Fatalf("the child did not say %q within %v", word, within)
 		}
 	}
-}
-
-func (ch *fenceChild) say(t *testing.T, line string) {
-	t.Helper()
-	_, err := fmt.Fprintln(ch.in, line)
-	require.NoError(t, err)
 }
 
 // TestFenceChild is a member of a fencing test, in a process of its own;

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,23 +132,33 @@ func startChild(b *testing.B, role string, slot int, c *managed) *child {
 	}
 	cmd.Env = append(os.Environ(), childRole+"="+role, fmt.Sprintf("SINKBATCH_BENCH_SLOT=%d", slot),
 		"SINKBATCH_BENCH_HEALTH="+strings.Join(health, ","), "SINKBATCH_BENCH_REMOTES="+strings.Join(remotes, ","))
+	return spawn(b, cmd, "BENCH ")
+}
+
+// spawn starts cmd, a re-run of the test binary as a child, and returns it:
+// the lines it writes to stdout that begin with prefix arrive, without it,
+// on lines; it is killed at clean-up (continued first, in case a test
+// stopped it).
+func spawn(tb testing.TB, cmd *exec.Cmd, prefix string) *child {
+	tb.Helper()
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
-	require.NoError(b, err)
+	require.NoError(tb, err)
 	out, err := cmd.StdoutPipe()
-	require.NoError(b, err)
-	require.NoError(b, cmd.Start())
+	require.NoError(tb, err)
+	require.NoError(tb, cmd.Start())
 	ch := &child{cmd: cmd, in: in, lines: make(chan string, 16)}
 	go func() {
 		defer close(ch.lines)
 		s := bufio.NewScanner(out)
 		for s.Scan() {
-			if line, ok := strings.CutPrefix(s.Text(), "BENCH "); ok {
+			if line, ok := strings.CutPrefix(s.Text(), prefix); ok {
 				ch.lines <- line
 			}
 		}
 	}()
-	b.Cleanup(func() {
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
@@ -170,10 +181,10 @@ func (ch *child) expect(b *testing.B, word string) string {
 	}
 }
 
-func (ch *child) say(b *testing.B, line string) {
-	b.Helper()
+func (ch *child) say(tb testing.TB, line string) {
+	tb.Helper()
 	_, err := fmt.Fprintln(ch.in, line)
-	require.NoError(b, err)
+	require.NoError(tb, err)
 }
 
 // cpu is the child's CPU time so far.
