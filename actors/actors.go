@@ -246,6 +246,9 @@ func (i *Instance) DeliverResult(ctx context.Context, c codec.Codec, m codec.Mes
 		case r = <-w.answer:
 		case <-done:
 			w.abandon(sender)
+			// The caller's word to the batcher holding its entry: drop
+			// it unsent and free its room (batcher.Room.Leave).
+			rec.room.Leave()
 			if span != nil {
 				batcher.AbandonCreate(span, i.cfg.Logger)
 			}

@@ -253,7 +253,7 @@ func (b *Batcher) start(ctx actor.Context) {
 	b.tickMsg = &tick{}
 	q := newQueue(settingsOf(b.p.Tuning, b.p.OneGroup))
 	q.draining = b.p.drain != nil // a restart does not end Stop's drain
-	b.d = newDispatch(q, &b.p.goroutines, b.alive)
+	b.d = newDispatch(q, &b.p.goroutines)
 	b.d.stretch, b.d.instance = newStretch(int64(b.p.Tuning.Linger), b.p.Tuning.MaxInflight), &b.p.Counters.InFlight
 	b.startFlow()
 	b.p.incarnations++
@@ -350,14 +350,19 @@ func (b *Batcher) deliver(c caller) (quiet bool) {
 		b.reply(c, codec.Result{Err: err})
 		return false
 	}
-	e := entryFor(d)
-	*e = entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now}
+	e, left := entryFor(d)
+	*e = entry{msg: msg, to: c, size: int32(max(size, 0)), deadline: deadline, admitted: b.now, left: left}
 	// Room held by callers that gave up is not room: look for them when one
 	// may have (a deadline passed, a Deliver caller cancelled), and at most
 	// every fullSweepEvery otherwise, for the actor callers that stopped
 	// waiting without a word.
 	cancels := b.p.Cancels.Load()
 	a := b.d.admit(e, b.now, cancels != b.cancelsSeen || b.now-b.lastFullSweep >= int64(fullSweepEvery))
+	if a.ask != nil {
+		// Callers that can say nothing (an actor's future) are asked
+		// about here, outside the rules' lock.
+		a = b.d.admitSwept(e, b.now, a, b.silentGone(a.ask))
+	}
 	if a.ok || a.waiting {
 		// Queued: a request goroutine may send, answer and release it
 		// (see Owner) from now on, so nothing here may reach it again.

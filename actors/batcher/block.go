@@ -138,10 +138,10 @@ func (q *queue) evictFor(e *entry) *entry {
 // promote admits waiters while they fit, round-robin across tenants, and
 // returns those it found abandoned (deadline passed, caller gone), to be
 // answered. It stops when a whole turn admits nothing.
-func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
-	// The removed waiters gather in the builder, as a take's do: if alive
-	// panics midway, drainAll still finds them.
-	b := q.build(now, alive)
+func (q *queue) promote(now int64) (dropped []*entry) {
+	// The removed waiters gather in the builder, as a take's do: if the
+	// rules panic midway, drainAll still finds them.
+	b := q.build(now)
 	w := &q.waits
 	for misses := 0; w.n > 0 && misses < len(w.order); {
 		if w.turn >= len(w.order) {
@@ -149,7 +149,7 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 		}
 		t := w.order[w.turn]
 		e := t.first()
-		if e.deadline <= now || !alive(e) {
+		if e.deadline <= now || e.gone() {
 			w.remove(e)
 			b.dropped = append(b.dropped, e)
 			// Its group's later waiters wait for its retry (pause.go).
@@ -194,8 +194,8 @@ func (q *queue) promote(now int64, alive func(*entry) bool) (dropped []*entry) {
 
 // sweepWaiters removes every waiter whose deadline has passed or whose
 // caller is gone and returns them. It costs O(waiters).
-func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*entry) {
-	b := q.build(now, alive) // as in promote
+func (q *queue) sweepWaiters(now int64) (dropped []*entry) {
+	b := q.build(now) // as in promote
 	w := &q.waits
 	next := int64(math.MaxInt64)
 	for _, t := range append([]*waitTenant(nil), w.order...) {
@@ -205,7 +205,7 @@ func (q *queue) sweepWaiters(now int64, alive func(*entry) bool) (dropped []*ent
 			if e == nil || e.waitGone {
 				continue
 			}
-			if e.deadline <= now || !alive(e) {
+			if e.deadline <= now || e.gone() {
 				w.remove(e)
 				b.dropped = append(b.dropped, e)
 				continue

@@ -91,7 +91,7 @@ func TestBlockKeepsTenantAndGroupOrder(t *testing.T) {
 	_, ok = q.admit(mk("c", "g", 3, 1), now)
 	assert.False(t, ok)
 	q.s.tenantMax = 10
-	assert.Empty(t, q.promote(now, everyoneAlive))
+	assert.Empty(t, q.promote(now))
 	assert.Equal(t, 0, q.waits.n)
 	l := q.groups["g"]
 	assert.Equal(t, []string{"a/g/1", "b/g/2"}, refs(l.appendLive(nil)))
@@ -133,7 +133,7 @@ func TestBlockTheWaiterWhoseTurnItIsKeepsIt(t *testing.T) {
 	a1, b1 := mk("a", "", 1, 1), mk("b", "", 1, 1)
 	require.True(t, q.wait(a1))
 	require.True(t, q.wait(b1))
-	assert.Empty(t, q.promote(now, everyoneAlive))
+	assert.Empty(t, q.promote(now))
 	assert.NotNil(t, b1.lane, "a's own bound holds a1; b1 takes its turn")
 	assert.Nil(t, a1.lane)
 }
@@ -149,8 +149,8 @@ func TestBlockWaiterDeadline(t *testing.T) {
 	e.deadline = 50
 	require.True(t, q.wait(e))
 	assert.Equal(t, int64(50), q.wake())
-	assert.Empty(t, q.sweepWaiters(49, everyoneAlive))
-	assert.Equal(t, []*entry{e}, q.sweepWaiters(50, everyoneAlive))
+	assert.Empty(t, q.sweepWaiters(49))
+	assert.Equal(t, []*entry{e}, q.sweepWaiters(50))
 	assert.Equal(t, 0, q.waits.n)
 	assert.Empty(t, q.waits.tenants, "no empty tenant is kept")
 	assert.Equal(t, 1, q.queued)
@@ -292,6 +292,6 @@ func TestBlockSweepAfterARemovalBehindTheHead(t *testing.T) {
 	}
 	g.rank, first.rank, last.rank = 2, 1, 3
 	q.waits.remove(g) // takes g/2 out of the middle
-	assert.Equal(t, []*entry{first}, q.sweepWaiters(10, everyoneAlive))
+	assert.Equal(t, []*entry{first}, q.sweepWaiters(10))
 	assert.Equal(t, 1, q.waits.n)
 }

@@ -49,7 +49,6 @@ type dispatch struct {
 
 	// Set by newDispatch, never changed.
 	goroutines *atomic.Int64 // request goroutines of every incarnation (Params)
-	alive      func(*entry) bool
 }
 
 // inflight is a batch whose request is running. Each of its callers is
@@ -65,13 +64,12 @@ type inflight struct {
 	trigger telemetry.Trigger
 }
 
-func newDispatch(q *queue, goroutines *atomic.Int64, alive func(*entry) bool) *dispatch {
+func newDispatch(q *queue, goroutines *atomic.Int64) *dispatch {
 	return &dispatch{
 		q:                q,
 		running:          make(map[*inflight]struct{}),
 		inflightDeadline: math.MaxInt64,
 		goroutines:       goroutines,
-		alive:            alive,
 	}
 }
 
@@ -99,6 +97,13 @@ type admission struct {
 	pausedRefused []string
 	// due: a batch is due now (set when ok).
 	due bool
+	// ask: e did not fit and nothing was done yet; these queued and
+	// waiting entries' callers may have left without a word (an actor's
+	// future that timed out). The driver asks about them outside the lock
+	// and finishes with admitSwept.
+	ask []*entry
+	// Carried from admit to admitSwept.
+	retry bool
 }
 
 // admit queues e at now. When e does not fit, it sweeps the queue for room
@@ -130,11 +135,44 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 		e.rank = d.q.newRank()
 	}
 	a.reason, a.ok = d.q.admit(e, now)
+	a.retry = retry
+	if !a.ok && sweep {
+		if a.ask = d.q.silent(nil); len(a.ask) > 0 {
+			return a
+		}
+	}
+	return d.admitRest(e, now, sweep, a)
+}
+
+// admitSwept finishes the admission of e that admit left to the driver
+// (admission.ask): gone lists the entries of ask whose callers left. They
+// are dropped with the sweep that looks for e's room.
+func (d *dispatch) admitSwept(e *entry, now int64, a admission, gone []*entry) admission {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return admission{down: true}
+	}
+	a.ask = nil
+	defer d.rescue(&a.dropped)
+	for _, x := range gone {
+		if x.left == nil {
+			x.left = leftWord
+		}
+	}
+	return d.admitRest(e, now, true, a)
+}
+
+// admitRest is admit from e's first try onward: a sweep for room if that
+// failed, a second try, then waiting (Block) or refusal. d.mu must be held.
+func (d *dispatch) admitRest(e *entry, now int64, sweep bool, a admission) admission {
+	g := e.msg.Group
+	retry := a.retry
 	if !a.ok && (sweep || now >= d.q.minDeadline || now >= d.q.waits.minDeadline) {
 		a.swept = true
-		a.dropped = d.q.sweep(now, d.alive)
-		a.dropped = append(a.dropped, d.q.sweepWaiters(now, d.alive)...)
-		a.dropped = append(a.dropped, d.q.promote(now, d.alive)...)
+		a.dropped = d.q.sweep(now)
+		a.dropped = append(a.dropped, d.q.sweepWaiters(now)...)
+		a.dropped = append(a.dropped, d.q.promote(now)...)
 		if d.q.s.strict && g != "" {
 			// The sweep may have paused e's group (an older entry of it
 			// expired or its caller left): e is held as any delivery to
@@ -169,10 +207,8 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 				a.reason = messages.FullEntries
 				break
 			}
-			// Its turn may be now. No caller's code is asked (a panic
-			// there would leave e both waiting and the delivery being
-			// handled): callers that left are found when room is taken.
-			a.dropped = append(a.dropped, d.q.promote(now, assumeAlive)...)
+			// Its turn may be now.
+			a.dropped = append(a.dropped, d.q.promote(now)...)
 			if e.lane != nil {
 				a.ok, a.waiting = true, false
 			}
@@ -203,9 +239,6 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	return a
 }
 
-// assumeAlive is alive for rules that must not call a caller's code.
-func assumeAlive(*entry) bool { return true }
-
 // setDraining makes the queue send whatever is sendable without waiting
 // for Linger (Stop's drain), and returns the deliveries waiting for room,
 // which Stop answers ErrStopped.
@@ -231,7 +264,7 @@ func (d *dispatch) launchLocked(now int64) (*inflight, []*entry) {
 // step is what the actor does after each message, under one lock: launch
 // every batch due now (appended to launched), and read the status after.
 //
-// If a take panics (alive is the caller's code), the batches this call
+// If a take panics (a fault in the rules), the batches this call
 // took have no goroutine yet: their count is taken back, so that the next
 // incarnation does not wait for goroutines that never ran, and they stay
 // in running, so that the restart answers their callers. The panic goes on
@@ -268,6 +301,9 @@ func (d *dispatch) step(now int64, launched []*inflight) ([]*inflight, []*entry,
 // rules: its time and whether it met back pressure (Adaptive), and each
 // entry's result (StrictGroups).
 type outcome struct {
+	// skipped: no request was made (every entry's caller had left); the
+	// request times learn nothing from it.
+	skipped   bool
 	rtt       int64 // nanoseconds
 	ok        bool  // the request succeeded as a whole
 	pressured bool  // throttled, or out of time
@@ -295,9 +331,9 @@ type finished struct {
 // entries failed retryably before their gates open (pause.go), so that no
 // follower leaves in between, adjusts the adaptive limit, and returns the
 // batch due now for the calling goroutine to send next, or nil when the
-// goroutine should end. A panic in the rules here (alive is the caller's
-// code) would end the process on a request goroutine: it is returned
-// instead, the incarnation is down, and the goroutine ends.
+// goroutine should end. A panic in the rules here would end the process
+// on a request goroutine: it is returned instead, the incarnation is down,
+// and the goroutine ends.
 func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -337,16 +373,76 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 	}
 	r.held, r.paused = d.q.interrupt(failed, now)
 	d.q.complete(f.groups)
-	d.stretch.ended(o.rtt, o.ok)
-	if d.lim != nil && d.lim.ended(now, o.rtt, o.ok, o.pressured) {
+	if !o.skipped {
+		d.stretch.ended(o.rtt, o.ok)
+	}
+	if d.lim != nil && !o.skipped && d.lim.ended(now, o.rtt, o.ok, o.pressured) {
 		d.q.s.maxInflight = d.lim.limit
 		r.limit = d.lim.limit
 	}
 	r.next, r.dropped = d.takeDue(now)
 	if len(r.held) > 0 && d.q.waits.n > 0 {
-		r.dropped = append(r.dropped, d.q.promote(now, d.alive)...)
+		r.dropped = append(r.dropped, d.q.promote(now)...)
 	}
 	return r
+}
+
+// leave takes out of f, before its request is made, the entries whose
+// callers left (gone[i], which the request goroutine found outside the
+// lock: a caller's code is never called under it). They are not sent, and
+// are returned with the entries to answer (answerDropped tells their
+// Listeners Forgotten). With StrictGroups a caller that left interrupts
+// its group (pause.go): the group's later entries in f are not sent either
+// but held, as are those it has queued and waiting. An entry the actor
+// claimed already (expired in flight, answered) stays, as it would have
+// if its caller had left after the request began.
+func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return nil // f stays whole: the restart answers it
+	}
+	var stopped map[string]bool // groups whose entry in f left
+	var interrupted, held []*entry
+	k := 0
+	for i, e := range f.entries {
+		claimed := f.claims[i].Load()
+		g := e.msg.Group
+		strict := d.q.s.strict && g != ""
+		switch {
+		case gone[i] && !claimed:
+			dropped = append(dropped, e)
+			if strict {
+				if stopped == nil {
+					stopped = make(map[string]bool)
+				}
+				stopped[g] = true
+				interrupted = append(interrupted, e)
+			}
+			continue
+		case strict && stopped[g] && !claimed:
+			held = append(held, e)
+			interrupted = append(interrupted, e)
+			continue
+		}
+		f.entries[k] = e
+		f.claims[k].Store(claimed)
+		k++
+	}
+	clear(f.entries[k:])
+	f.entries, f.claims = f.entries[:k], f.claims[:k]
+	if len(interrupted) == 0 {
+		return dropped
+	}
+	queued, _ := d.q.interrupt(interrupted, now)
+	for _, e := range held {
+		e.heldBy = d.q.paused.m[e.msg.Group].keys[0].key
+	}
+	dropped = append(append(dropped, held...), queued...)
+	if len(queued) > 0 && d.q.waits.n > 0 {
+		dropped = append(dropped, d.q.promote(now)...)
+	}
+	return dropped
 }
 
 // relinger sets how long a batch lingers now (linger.go). d.mu must be
@@ -369,11 +465,11 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 	if !ok {
 		return nil, nil
 	}
-	batch, groups, dropped := d.q.take(now, d.alive)
+	batch, groups, dropped := d.q.take(now)
 	if len(batch) == 0 {
 		if d.q.waits.n > 0 {
 			defer d.rescue(&dropped)
-			dropped = append(dropped, d.q.promote(now, d.alive)...)
+			dropped = append(dropped, d.q.promote(now)...)
 		}
 		return nil, dropped
 	}
@@ -388,19 +484,19 @@ func (d *dispatch) takeDue(now int64) (*inflight, []*entry) {
 	// No caller waits past the latest deadline, so neither does the request.
 	ctx, cancel := context.WithDeadline(context.Background(), mono.Time(deadline))
 	f := &inflight{entries: batch, claims: make([]atomic.Bool, len(batch)), groups: groups, ctx: ctx, cancel: cancel, trigger: trigger}
-	// Registered before promote asks the waiters' callers (their code may
-	// panic): the restart finds the batch among the running ones.
+	// Registered before promote runs: if the rules panic, the restart
+	// finds the batch among the running ones.
 	d.running[f] = struct{}{}
 	if d.q.waits.n > 0 {
 		defer d.rescue(&dropped)
-		dropped = append(dropped, d.q.promote(now, d.alive)...)
+		dropped = append(dropped, d.q.promote(now)...)
 	}
 	return f, dropped
 }
 
 // rescue, deferred by a method that gathers entries the queue removed,
-// keeps them where the restart finds them if a caller's code (alive)
-// panics before the method hands them out, marks the incarnation down and
+// keeps them where the restart finds them if the rules panic before the
+// method hands them out, marks the incarnation down and
 // lets the panic go on. d.mu must be held.
 func (d *dispatch) rescue(removed *[]*entry) {
 	if r := recover(); r != nil {
@@ -429,10 +525,10 @@ func (d *dispatch) sweep(now int64) []*entry {
 	}
 	var dropped []*entry
 	defer d.rescue(&dropped)
-	dropped = d.q.sweep(now, d.alive)
+	dropped = d.q.sweep(now)
 	if d.q.waits.n > 0 {
-		dropped = append(dropped, d.q.sweepWaiters(now, d.alive)...)
-		dropped = append(dropped, d.q.promote(now, d.alive)...)
+		dropped = append(dropped, d.q.sweepWaiters(now)...)
+		dropped = append(dropped, d.q.promote(now)...)
 	}
 	return dropped
 }
@@ -465,12 +561,12 @@ func (d *dispatch) expire(now int64) (late, held []*entry) {
 	d.inflightDeadline = next
 	held, _ = d.q.interrupt(late, now)
 	if len(held) > 0 && d.q.waits.n > 0 {
-		// The held entries' room is the waiters' now. If a caller's code
-		// panics in promote, the restart answers the late and held
-		// entries too: they are claimed or out of the queue already.
+		// The held entries' room is the waiters' now. If the rules panic
+		// in promote, the restart answers the late and held entries too:
+		// they are claimed or out of the queue already.
 		taken := append(slices.Clone(late), held...)
 		defer d.rescue(&taken)
-		dropped := d.q.promote(now, d.alive)
+		dropped := d.q.promote(now)
 		held = append(held, dropped...)
 	}
 	return late, held

@@ -10,8 +10,10 @@
 //
 // The batching rules (admission bounds, tenant round-robin, group gating,
 // the flush decision, the sweep of abandoned entries) live in queue, a plain
-// type that reads no clock, starts no goroutine and sends no message: time
-// comes in as an argument and caller liveness as a callback, so tests drive it
+// type that reads no clock, starts no goroutine, sends no message and
+// calls no caller's code: time comes in as an argument and a caller's
+// leaving as an event (its Room's Leave flag, or the driver's report of
+// callers it found gone: dispatch.leave, admitSwept), so tests drive it
 // step by step (queue_test.go), a fuzzer compares it with a simple model
 // (FuzzQueue) and another holds it to the group-order promise against
 // callers that retry as documented (FuzzStrictGroupOrder).
@@ -63,9 +65,15 @@
 //
 // Codec code runs outside every lock: Validate and Size on the actor (a
 // panic answers that one message, permanent, wrapping codec.ErrCodecPanic),
-// SendBatch on request goroutines. The rules call one piece of caller code
-// under dispatch.mu, a Listener's Listening (through alive), which must be
-// quick and must not block; a panic there restarts the batcher.
+// SendBatch on request goroutines. A caller's code is never called under
+// dispatch.mu: a Listener's Listening is asked on the actor as a delivery
+// arrives, and on the request goroutine before it sends (dropLeft), each
+// time outside the lock; the callers it finds gone are reported to the
+// rules (dispatch.leave), which take them out of the batch unsent. The
+// process registry is asked about an actor's sender (which has no Room to
+// say it left with) on the actor, outside the lock, when a full queue is
+// swept for room (admission.ask, admitSwept). A panic in Listening
+// restarts the batcher.
 //
 // A restart makes a new Batcher with a new dispatch. The crashed one is down
 // from the moment it panics: its request goroutines finish their requests

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,7 +36,8 @@ import (
 //	7    v<24: advance the clock by 1+v%8; 24-29: toggle draining; 30-31: drainAll
 //
 // alive(v): v<16 everyone; else not the entries whose id%8 is v%8, nor, for
-// v>=24, (v+4)%8.
+// v>=24, (v+4)%8. The queue hears it as each entry's left flag, set before
+// the operation (Room.Leave), the model as a predicate.
 //
 // The encoding is dense because Go's minimizer is quadratic in the input's
 // length: long inputs stall the fuzzer for its whole -fuzzminimizetime. A
@@ -221,9 +223,14 @@ func (h *fqHarness) fatalf(format string, args ...any) {
 	h.t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), fqTrail{h})
 }
 
-func (h *fqHarness) aliveFuncs(mask uint8) (func(*entry) bool, func(*refEntry) bool) {
+// aliveFuncs sets each queued entry's left flag (Room.Leave) from mask, for
+// the queue, and returns the same word for the model.
+func (h *fqHarness) aliveFuncs(mask uint8) func(*refEntry) bool {
 	m := func(e *refEntry) bool { return mask>>(e.id%8)&1 == 1 }
-	return func(e *entry) bool { return m(h.twin[e]) }, m
+	for e, re := range h.twin {
+		e.left.Store(!m(re))
+	}
+	return m
 }
 
 func (h *fqHarness) admit(tenant, group string, size int, deadline int64) {
@@ -233,6 +240,7 @@ func (h *fqHarness) admit(tenant, group string, size int, deadline int64) {
 		to:       caller{deliver: &messages.Deliver{Message: codec.Message{Tenant: tenant, Group: group}, Ref: name}},
 		size:     int32(size),
 		deadline: deadline,
+		left:     new(atomic.Bool),
 	})
 	re := &refEntry{id: h.ids, name: name, tenant: tenant, group: group, size: size, deadline: deadline}
 	h.twin[e] = re
@@ -256,9 +264,9 @@ func fqReason(r messages.FullReason, ok bool) string {
 }
 
 func (h *fqHarness) take(mask uint8) {
-	qAlive, mAlive := h.aliveFuncs(mask)
+	mAlive := h.aliveFuncs(mask)
 	pre := h.snapshot()
-	qBatch, qGroups, qDropped := h.q.take(h.now, qAlive)
+	qBatch, qGroups, qDropped := h.q.take(h.now)
 	mBatch, mGroups, mDropped := h.m.take(h.now, mAlive)
 	batch, dropped := h.refs(qBatch), h.refs(qDropped)
 	h.logf("take at %d alive %08b -> %v dropped %v", h.now, mask, refNames(batch), refNames(dropped))
@@ -289,8 +297,8 @@ func (h *fqHarness) complete(i int) {
 }
 
 func (h *fqHarness) sweep(mask uint8) {
-	qAlive, mAlive := h.aliveFuncs(mask)
-	dropped := h.refs(h.q.sweep(h.now, qAlive))
+	mAlive := h.aliveFuncs(mask)
+	dropped := h.refs(h.q.sweep(h.now))
 	want := h.m.sweep(h.now, mAlive)
 	h.logf("sweep at %d alive %08b -> dropped %v", h.now, mask, refNames(dropped))
 	h.sameSet(refNames(want), refNames(dropped), "sweep: the dropped entries (model, queue)")
@@ -642,7 +650,7 @@ func TestTurnsFollowLaneOwnership(t *testing.T) {
 		_, ok := q.admit(e, 0)
 		require.True(t, ok)
 	}
-	batch, _, _ := q.take(0, func(*entry) bool { return true })
+	batch, _, _ := q.take(0)
 	// b/g/4 hands g to a, so b has no turn until a/g/5 hands it back.
 	got := []any{}
 	for _, e := range batch {
@@ -665,8 +673,8 @@ func TestSweepAfterMidLaneRemoval(t *testing.T) {
 		_, ok := q.admit(e, 0)
 		require.True(t, ok)
 	}
-	require.Len(t, q.sweep(6, func(*entry) bool { return true }), 1, "b expires behind a")
-	dropped := q.sweep(11, func(*entry) bool { return true })
+	require.Len(t, q.sweep(6), 1, "b expires behind a")
+	dropped := q.sweep(11)
 	require.Len(t, dropped, 1, "a expires at the head")
 	require.Equal(t, 1, q.queued)
 }
@@ -689,8 +697,8 @@ func TestOneGroupTakeSkipsEntriesSweptBehindItsHead(t *testing.T) {
 		_, ok := q.admit(e, 0)
 		require.True(t, ok)
 	}
-	require.Equal(t, []*entry{g2}, q.sweep(6, func(*entry) bool { return true }))
-	batch, _, dropped := q.take(6, func(*entry) bool { return true })
+	require.Equal(t, []*entry{g2}, q.sweep(6))
+	batch, _, dropped := q.take(6)
 	require.Empty(t, dropped, "g/2 was answered by the sweep")
 	require.Equal(t, []*entry{g1, g3}, batch)
 	require.Zero(t, q.queued)

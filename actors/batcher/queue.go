@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"math"
+	"sync/atomic"
 
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
@@ -11,8 +12,11 @@ import (
 // This file holds the batching rules: admission bounds, tenant round-robin,
 // group gating, the flush decision and the sweep of abandoned entries. The
 // queue reads no clock, starts no goroutine, sends no message and takes no
-// lock: time comes in as an argument (an internal/mono instant) and liveness as a
-// callback, so table tests drive it step by step. Its one driver is
+// lock: time comes in as an argument (an internal/mono instant) and a
+// caller's leaving as an event (entry.left, which the caller sets; the
+// request goroutine reports the callers it finds gone before it sends, see
+// dispatch.leave), so table tests drive it step by step. It calls no
+// caller's code. Its one driver is
 // dispatch, which holds the lock around every call.
 
 // entry is one admitted delivery.
@@ -35,9 +39,49 @@ type entry struct {
 	waited bool
 	// rank orders the entries of a group by first delivery (pause.go).
 	rank uint64
+	// left, if set, is its caller's word that it gave up (Room.Leave):
+	// an atomic the caller sets, which the rules read and never write.
+	left *atomic.Bool
 	// heldBy: the entry was taken out because its group paused; it is
 	// answered GroupPausedError naming this key (pause.go).
 	heldBy string
+}
+
+// gone reports whether e's caller said it gave up (see left).
+func (e *entry) gone() bool { return e.left != nil && e.left.Load() }
+
+// leftWord is the left flag of an entry whose caller has no Room to say it
+// left with (an actor's future): the driver found it gone and sets it
+// (dispatch.admitSwept).
+var leftWord = func() *atomic.Bool {
+	b := new(atomic.Bool)
+	b.Store(true)
+	return b
+}()
+
+// silent appends to buf the queued and waiting entries whose callers have
+// no way to say they left (no left flag) but may have (they have a
+// sender), and returns it: the driver asks about them outside its lock. It
+// costs O(queue + waiters).
+func (q *queue) silent(buf []*entry) []*entry {
+	add := func(es []*entry, from int, skip func(*entry) bool) {
+		for _, e := range es[from:] {
+			if e != nil && !skip(e) && e.left == nil && e.to.sender != nil {
+				buf = append(buf, e)
+			}
+		}
+	}
+	queued := func(e *entry) bool { return e.dead }
+	for _, t := range q.tenants {
+		add(t.plain.entries, t.plain.head, queued)
+	}
+	for _, l := range q.groups {
+		add(l.entries, l.head, queued)
+	}
+	for _, t := range q.waits.order {
+		add(t.entries, t.head, func(e *entry) bool { return e.waitGone })
+	}
+	return buf
 }
 
 // lane is a FIFO of entries that must leave in order: one group's entries
@@ -106,7 +150,7 @@ type queue struct {
 	minDeadline int64 // no live entry has an earlier deadline; MaxInt64 when none
 	draining    bool  // send whatever is sendable, without waiting for Linger
 	// building is the batch a take is building (&builder), until it
-	// returns: if the take panics (alive is the caller's code), drainAll
+	// returns: if the take panics (a fault in the rules), drainAll
 	// still finds it.
 	building *batchBuilder
 	builder  batchBuilder
@@ -234,15 +278,15 @@ func (q *queue) wake() int64 {
 
 // take removes the next batch: entries one at a time round-robin across
 // tenants, at most MaxEntries and MaxBytes, each group's entries in order.
-// Entries whose deadline has passed or whose caller is gone (alive false) are
+// Entries whose deadline has passed or whose caller is gone are
 // removed on the way and returned in dropped. The groups in the batch are
 // gated until complete is called with them. A non-empty batch counts as a
 // request in flight.
-func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
+func (q *queue) take(now int64) (batch []*entry, groups []*lane, dropped []*entry) {
 	if q.s.oneGroup {
-		return q.takeOneGroup(now, alive)
+		return q.takeOneGroup(now)
 	}
-	b := q.build(now, alive)
+	b := q.build(now)
 	// The batch's one allocation: it takes at most this many.
 	b.batch = make([]*entry, 0, min(q.s.maxEntries, q.ready))
 	for len(b.batch) < q.s.maxEntries && q.ring != nil {
@@ -280,19 +324,18 @@ func (q *queue) take(now int64, alive func(*entry) bool) (batch []*entry, groups
 // batchBuilder is a batch being taken.
 type batchBuilder struct {
 	now     int64
-	alive   func(*entry) bool
 	batch   []*entry
 	dropped []*entry
 	bytes   int
 }
 
 // build starts the batch a take builds.
-func (q *queue) build(now int64, alive func(*entry) bool) *batchBuilder {
+func (q *queue) build(now int64) *batchBuilder {
 	if b := q.building; b != nil {
 		// A build a panic ended: what it had removed waits for drainAll.
 		q.kept = append(append(q.kept, b.batch...), b.dropped...)
 	}
-	q.builder = batchBuilder{now: now, alive: alive}
+	q.builder = batchBuilder{now: now}
 	q.building = &q.builder
 	return q.building
 }
@@ -316,7 +359,7 @@ func (q *queue) keep(removed []*entry) {
 // where it is (full); any other is popped into the batch (took).
 func (q *queue) offer(b *batchBuilder, l *lane) (took, full bool) {
 	e := l.entries[l.head]
-	if e.deadline <= b.now || !b.alive(e) {
+	if e.deadline <= b.now || e.gone() {
 		q.drop(b, e)
 		return false, false
 	}
@@ -347,12 +390,12 @@ func (q *queue) drop(b *batchBuilder, e *entry) {
 // lane fills the batch in its own order; ungrouped entries are taken
 // round-robin across the tenants' ungrouped lanes, passing over tenants that
 // have none ready (at most one lap without taking anything).
-func (q *queue) takeOneGroup(now int64, alive func(*entry) bool) (batch []*entry, groups []*lane, dropped []*entry) {
-	b := q.build(now, alive)
+func (q *queue) takeOneGroup(now int64) (batch []*entry, groups []*lane, dropped []*entry) {
+	b := q.build(now)
 	for q.ring != nil { // drop abandoned heads until one decides the group
 		l := q.ring.lanes
 		e := l.entries[l.head]
-		if e.deadline > now && alive(e) {
+		if e.deadline > now && !e.gone() {
 			break
 		}
 		q.drop(b, e)
@@ -435,10 +478,10 @@ func (q *queue) complete(groups []*lane) {
 // sweep removes every entry whose deadline has passed or whose caller is
 // gone, and returns them. It costs O(queue); the driver calls it when room is
 // needed or a deadline has passed, not per delivery.
-func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
-	// The removed entries gather in the builder, as a take's do: if alive
-	// panics midway, drainAll still finds them.
-	b := q.build(now, alive)
+func (q *queue) sweep(now int64) (dropped []*entry) {
+	// The removed entries gather in the builder, as a take's do: if the
+	// rules panic midway, drainAll still finds them.
+	b := q.build(now)
 	minDeadline := int64(math.MaxInt64)
 	visit := func(l *lane) {
 		for i := l.head; i < len(l.entries); i++ {
@@ -448,7 +491,7 @@ func (q *queue) sweep(now int64, alive func(*entry) bool) (dropped []*entry) {
 			if e == nil || e.dead {
 				continue
 			}
-			if e.deadline <= now || !alive(e) {
+			if e.deadline <= now || e.gone() {
 				b.dropped = append(b.dropped, e)
 				q.remove(e)
 				continue

@@ -3,6 +3,7 @@ package batcher
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -29,6 +30,13 @@ func mk(tenant, group string, n, size int) *entry {
 		size:     int32(size),
 		deadline: math.MaxInt64,
 	})
+}
+
+// leaving marks e's caller as gone (Room.Leave), and returns e.
+func leaving(e *entry) *entry {
+	e.left = new(atomic.Bool)
+	e.left.Store(true)
+	return e
 }
 
 // withMsg points e's msg at its Deliver's message, as the actor does.
@@ -96,9 +104,9 @@ func TestTakeRoundRobinAcrossTenants(t *testing.T) {
 	// Tenant a floods before b and c arrive; b and c must not wait behind a.
 	admitAll(t, q, mk("a", "", 1, 1), mk("a", "", 2, 1), mk("a", "", 3, 1), mk("a", "", 4, 1),
 		mk("b", "", 1, 1), mk("b", "", 2, 1), mk("c", "", 1, 1))
-	b1, _, _ := q.take(0, everyoneAlive)
+	b1, _, _ := q.take(0)
 	assert.Equal(t, []string{"a//1", "b//1", "c//1", "a//2"}, refs(b1))
-	b2, _, _ := q.take(0, everyoneAlive)
+	b2, _, _ := q.take(0)
 	assert.Equal(t, []string{"b//2", "a//3", "a//4"}, refs(b2))
 	checkCounts(t, q)
 	assert.Zero(t, q.queued)
@@ -140,7 +148,7 @@ func TestGroupOrderAndGating(t *testing.T) {
 			q := newQueue(testSettings())
 			admitAll(t, q, tc.admit...)
 			for _, want := range tc.want {
-				batch, groups, _ := q.take(0, everyoneAlive)
+				batch, groups, _ := q.take(0)
 				assert.Equal(t, want, refs(batch))
 				checkCounts(t, q)
 				q.complete(groups)
@@ -155,7 +163,7 @@ func TestGroupOrderAndGating(t *testing.T) {
 func TestGatedGroupWaitsForItsResponse(t *testing.T) {
 	q := newQueue(testSettings())
 	admitAll(t, q, mk("a", "g", 1, 1), mk("a", "g", 2, 1))
-	first, groups, _ := q.take(0, everyoneAlive)
+	first, groups, _ := q.take(0)
 	require.Equal(t, []string{"a/g/1", "a/g/2"}, refs(first))
 
 	// More of g arrives while g's request is in flight: it is queued but not
@@ -163,16 +171,16 @@ func TestGatedGroupWaitsForItsResponse(t *testing.T) {
 	admitAll(t, q, mk("a", "g", 3, 1), mk("b", "", 1, 1))
 	assert.Equal(t, 2, q.queued)
 	assert.Equal(t, 1, q.ready)
-	second, groups2, _ := q.take(0, everyoneAlive)
+	second, groups2, _ := q.take(0)
 	assert.Equal(t, []string{"b//1"}, refs(second))
 	assert.Empty(t, groups2)
-	third, _, _ := q.take(0, everyoneAlive)
+	third, _, _ := q.take(0)
 	assert.Empty(t, third, "g is gated until its response")
 
 	q.complete(groups2)
 	q.complete(groups)
 	assert.Equal(t, 1, q.ready)
-	fourth, _, _ := q.take(0, everyoneAlive)
+	fourth, _, _ := q.take(0)
 	assert.Equal(t, []string{"a/g/3"}, refs(fourth))
 	checkCounts(t, q)
 }
@@ -182,15 +190,13 @@ func TestTakeSkipsAGatedGroupWithoutScanningIt(t *testing.T) {
 	s.queueMax, s.tenantMax = 1<<20, 1<<20
 	q := newQueue(s)
 	admitAll(t, q, mk("a", "g", 0, 1))
-	_, groups, _ := q.take(0, everyoneAlive)
+	_, groups, _ := q.take(0)
 	for i := 1; i <= 50000; i++ {
 		admitAll(t, q, mk("a", "g", i, 1))
 	}
 	admitAll(t, q, mk("a", "", 1, 1))
-	calls := 0
-	batch, _, _ := q.take(0, func(*entry) bool { calls++; return true })
+	batch, _, _ := q.take(0)
 	assert.Equal(t, []string{"a//1"}, refs(batch))
-	assert.Equal(t, 1, calls, "take looked at the gated group's entries")
 	q.complete(groups)
 	assert.Equal(t, 50000, q.ready)
 }
@@ -244,13 +250,13 @@ func TestDue(t *testing.T) {
 	trig, _ = q.due(10 * ms)
 	assert.Equal(t, telemetry.TriggerEntries, trig)
 
-	_, _, _ = q.take(20*ms, everyoneAlive)
+	_, _, _ = q.take(20 * ms)
 	_, _ = q.admit(mk("a", "", 5, 1000), 21*ms)
 	trig, ok = q.due(21 * ms)
 	require.True(t, ok)
 	assert.Equal(t, telemetry.TriggerBytes, trig)
 
-	_, _, _ = q.take(21*ms, everyoneAlive)
+	_, _, _ = q.take(21 * ms)
 	_, _ = q.admit(mk("a", "", 6, 1), 22*ms)
 	_, ok = q.due(100 * ms)
 	assert.False(t, ok, "MaxInflight requests are in flight")
@@ -272,8 +278,8 @@ func TestAbandonedEntriesAreNeverSent(t *testing.T) {
 	gone := mk("b", "", 1, 1)
 	kept := mk("c", "", 1, 1)
 	admitAll(t, q, late, gone, kept)
-	alive := func(e *entry) bool { return e != gone }
-	batch, _, dropped := q.take(5*ms, alive)
+	leaving(gone)
+	batch, _, dropped := q.take(5 * ms)
 	assert.Equal(t, []string{"c//1"}, refs(batch))
 	assert.ElementsMatch(t, []string{"a//1", "b//1"}, refs(dropped))
 	checkCounts(t, q)
@@ -290,13 +296,13 @@ func TestSweepFreesRoomHeldByAbandonedEntries(t *testing.T) {
 	require.False(t, ok)
 	assert.Equal(t, 7*ms, q.minDeadline)
 
-	gone := map[*entry]bool{c: true}
-	dropped := q.sweep(8*ms, func(e *entry) bool { return !gone[e] })
+	leaving(c)
+	dropped := q.sweep(8 * ms)
 	assert.ElementsMatch(t, []string{"a/g/2", "b//1"}, refs(dropped))
 	assert.Equal(t, int64(math.MaxInt64), q.minDeadline)
 	checkCounts(t, q)
 	admitAll(t, q, mk("d", "", 1, 1), mk("e", "", 1, 1))
-	batch, _, _ := q.take(8*ms, everyoneAlive)
+	batch, _, _ := q.take(8 * ms)
 	assert.Equal(t, []string{"a/g/1", "d//1", "e//1"}, refs(batch))
 }
 
@@ -305,13 +311,13 @@ func TestLaneCompactsDeadEntries(t *testing.T) {
 	s.queueMax, s.tenantMax = 1<<20, 1<<20
 	q := newQueue(s)
 	admitAll(t, q, mk("a", "g", 0, 1))
-	_, groups, _ := q.take(0, everyoneAlive) // gate g so its lane only grows
+	_, groups, _ := q.take(0) // gate g so its lane only grows
 	for i := 1; i <= 1000; i++ {
 		e := mk("a", "g", i, 1)
 		e.deadline = int64(i)
 		admitAll(t, q, e)
 		if i%2 == 0 {
-			q.sweep(int64(i), everyoneAlive)
+			q.sweep(int64(i))
 		}
 	}
 	l := q.groups["g"]
@@ -323,7 +329,7 @@ func TestLaneCompactsDeadEntries(t *testing.T) {
 func TestDrainAll(t *testing.T) {
 	q := newQueue(testSettings())
 	admitAll(t, q, mk("a", "g", 1, 1), mk("b", "", 1, 1), mk("a", "g", 2, 1))
-	_, _, _ = q.take(0, func(*entry) bool { return true })
+	_, _, _ = q.take(0)
 	admitAll(t, q, mk("a", "g", 3, 1), mk("c", "", 1, 1))
 	all := q.drainAll()
 	assert.ElementsMatch(t, []string{"a/g/3", "c//1"}, refs(all))
@@ -342,7 +348,7 @@ func TestOneGroupPerRequest(t *testing.T) {
 		mk("c", "g2", 1, 1), mk("a", "g1", 3, 1), mk("c", "", 2, 1))
 	var batches [][]string
 	for q.queued > 0 {
-		batch, groups, _ := q.take(0, everyoneAlive)
+		batch, groups, _ := q.take(0)
 		require.NotEmpty(t, batch)
 		batches = append(batches, refs(batch))
 		group := batch[0].msg.Group
@@ -369,20 +375,21 @@ func TestOneGroupPerRequestGatesAndDrops(t *testing.T) {
 	late := mk("a", "g", 1, 1)
 	late.deadline = 1
 	admitAll(t, q, late, mk("b", "", 1, 1))
-	batch, groups, dropped := q.take(5, everyoneAlive)
+	batch, groups, dropped := q.take(5)
 	assert.Equal(t, []string{"b//1"}, refs(batch), "the abandoned head does not decide the group")
 	assert.Equal(t, []string{"a/g/1"}, refs(dropped))
 	q.complete(groups)
 
 	admitAll(t, q, mk("a", "g", 2, 1), mk("a", "g", 3, 1))
 	gone := q.groups["g"].entries[q.groups["g"].head+1]
-	first, groups, _ := q.take(5, func(e *entry) bool { return e != gone })
+	leaving(gone)
+	first, groups, _ := q.take(5)
 	assert.Equal(t, []string{"a/g/2"}, refs(first))
 	admitAll(t, q, mk("a", "g", 4, 1), mk("b", "", 2, 1))
-	second, _, _ := q.take(5, everyoneAlive)
+	second, _, _ := q.take(5)
 	assert.Equal(t, []string{"b//2"}, refs(second), "g is gated")
 	q.complete(groups)
-	third, _, _ := q.take(5, everyoneAlive)
+	third, _, _ := q.take(5)
 	assert.Equal(t, []string{"a/g/4"}, refs(third))
 	checkCounts(t, q)
 }

@@ -33,9 +33,13 @@ type caller struct {
 // asks it whether a call still waits instead of relying on the process
 // leaving the registry, and answers it directly, with no
 // *messages.Delivered: Answer drops the answer to a call that is over. They
-// are called from the batcher's actor and its request goroutines, sometimes
-// with the batcher's lock held: they must be quick, must not block or panic,
-// and get a non-nil pid.
+// are called from the batcher's actor and its request goroutines, never
+// with the batcher's lock held (they may call back into the instance):
+// they must be quick, must not block or panic, and get a non-nil pid.
+// Listening is asked as a delivery arrives and again just before its
+// request is sent: a call that stopped listening by then is not sent. To
+// free the room its entry holds at once, a caller that gives up also calls
+// its Room's Leave.
 type Listener interface {
 	Listening(pid *actor.PID) bool
 	Answer(pid *actor.PID, r codec.Result)
@@ -86,9 +90,18 @@ type Direct struct {
 // share an entry); any later one allocates its own.
 type Room struct {
 	taken atomic.Bool
-	owner Owner // told when the batcher that took the Room lets go of it; nil: nobody
+	left  atomic.Bool // Leave was called
+	owner Owner       // told when the batcher that took the Room lets go of it; nil: nobody
 	e     entry
 }
+
+// Leave is the caller's word that it gave up on the delivery whose Room r
+// is (its context ended): the batcher that holds its entry drops it unsent,
+// and frees its room, when it next looks at the queue (Params.CallerLeft
+// makes that at once while deliveries wait for room). The caller calls it
+// while it still holds r (before letting go of the memory r shares with its
+// call record); a Leave after the entry was sent changes nothing.
+func (r *Room) Leave() { r.left.Store(true) }
 
 // Owner is told when a batcher lets go of a Room, so that the memory the
 // Room shares with its Deliver, Direct and Sender (the front door's call
@@ -112,11 +125,11 @@ func (r *Room) SetOwner(o Owner) { r.owner = o }
 
 // entryFor is where d's entry goes: the Room its Direct names, if this is
 // the first claim on it, else a new entry.
-func entryFor(d *messages.Deliver) *entry {
+func entryFor(d *messages.Deliver) (e *entry, left *atomic.Bool) {
 	if r, ok := d.Ref.(*Direct); ok && r.Room != nil && r.Room.taken.CompareAndSwap(false, true) {
-		return &r.Room.e
+		return &r.Room.e, &r.Room.left
 	}
-	return new(entry)
+	return new(entry), nil
 }
 
 // release tells the Owner of e's Room, if e is that Room's entry and never
@@ -230,6 +243,20 @@ func (b *Batcher) alive(e *entry) bool {
 		return l.Listening(c.sender)
 	}
 	return ok
+}
+
+// silentGone returns the entries of es whose callers are gone (alive
+// false), es reused. It runs on the actor, outside the rules' lock: es
+// holds no Room's entry (those hear Room.Leave), so no entry of es serves
+// another delivery meanwhile.
+func (b *Batcher) silentGone(es []*entry) []*entry {
+	gone := es[:0]
+	for _, e := range es {
+		if !b.alive(e) {
+			gone = append(gone, e)
+		}
+	}
+	return gone
 }
 
 // answerDropped answers the entries the queue dropped at now: those its

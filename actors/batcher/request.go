@@ -30,7 +30,22 @@ func (b *Batcher) run(f *inflight) {
 	}
 	defer b.p.bufs.Put(buf)
 	for f != nil {
-		report, o := b.request(f, buf)
+		// The callers that left are taken out first, so that nothing is
+		// sent for them (leave).
+		panicked := b.dropLeft(f, buf)
+		var report telemetry.Flush
+		o := outcome{skipped: true}
+		switch {
+		case panicked != nil:
+			// A Listener panicked: the incarnation is down, and the
+			// restart answers f's callers.
+			b.d.markDown()
+			f.cancel()
+		case len(f.entries) == 0:
+			f.cancel()
+		default:
+			report, o = b.request(f, buf)
+		}
 		// The failed entries' groups pause and the slot is handed on
 		// (finishWith), then the callers are answered, so that a caller
 		// told of a retryable failure finds its group paused (a
@@ -39,17 +54,51 @@ func (b *Batcher) run(f *inflight) {
 		o.won = buf.won
 		r := b.d.finishWith(f, now, o)
 		buf.won = r.won
-		b.answer(f, buf, r.won)
-		next, panicked := r.next, r.panicked
+		if !o.skipped {
+			b.answer(f, buf, r.won)
+		}
+		next := r.next
+		if panicked == nil {
+			panicked = r.panicked
+		}
 		b.answerDropped(r.dropped, now)
 		b.settle(r, now)
 		if panicked != nil {
 			tell(b.system, b.self, &goroutinePanic{from: b.d, reason: panicked, stack: debug.Stack()})
 		}
 		b.box.tellPrompt(b.system, b.self, theDone)
-		b.flushed(report)
+		if !o.skipped {
+			b.flushed(report)
+		}
 		f = next
 	}
+}
+
+// dropLeft asks whether each of f's callers still waits (alive: a
+// Listener's Listening, or the process registry for an actor's sender),
+// here on the request goroutine and outside every lock, and takes those
+// that left out of f (dispatch.leave), answering what that drops. A panic
+// in a Listener's code is returned, with f untouched.
+func (b *Batcher) dropLeft(f *inflight, buf *buffers) (panicked any) {
+	n := len(f.entries)
+	if cap(buf.gone) < n {
+		buf.gone = make([]bool, n)
+	}
+	gone := buf.gone[:n]
+	any := false
+	func() {
+		defer func() { panicked = recover() }()
+		for i, e := range f.entries {
+			gone[i] = !b.alive(e)
+			any = any || gone[i]
+		}
+	}()
+	if panicked != nil || !any {
+		return panicked
+	}
+	now := mono.Now()
+	b.answerDropped(b.d.leave(f, gone, now), now)
+	return nil
 }
 
 // flushed reports a batch to the Recorder. A panic there is logged, not
@@ -84,6 +133,7 @@ type buffers struct {
 	msgs    []codec.Message
 	results []codec.Result
 	won     []bool
+	gone    []bool
 }
 
 // request sends f's batch and leaves each message's result in buf, for

@@ -29,9 +29,9 @@ func roomDeliver(l *events, n uint32, group, key string) *messages.Deliver {
 // roomEntry is d's entry as the batcher admits it: in d's Room if it is
 // the first admission, else in an entry of its own.
 func roomEntry(d *messages.Deliver, deadline int64) *entry {
-	e := entryFor(d)
+	e, left := entryFor(d)
 	r := d.Ref.(*Direct)
-	*e = entry{msg: &d.Message, to: caller{deliver: d, sender: r.Sender}, size: 1, deadline: deadline}
+	*e = entry{msg: &d.Message, to: caller{deliver: d, sender: r.Sender}, size: 1, deadline: deadline, left: left}
 	return e
 }
 

@@ -21,15 +21,20 @@ import (
 func TestRoomServesOneDelivery(t *testing.T) {
 	room := &Room{}
 	d := &messages.Deliver{Ref: &Direct{Room: room}}
-	first := entryFor(d)
+	first, left := entryFor(d)
 	assert.Same(t, &room.e, first)
-	again := entryFor(d)
+	assert.Same(t, &room.left, left, "the Room's entry hears its Leave")
+	again, left := entryFor(d)
 	assert.NotSame(t, first, again)
+	assert.Nil(t, left)
 	copied := *d
-	assert.NotSame(t, first, entryFor(&copied))
+	copiedEntry, _ := entryFor(&copied)
+	assert.NotSame(t, first, copiedEntry)
 
-	assert.NotNil(t, entryFor(&messages.Deliver{Ref: &Direct{}}), "no Room: a new entry")
-	assert.NotNil(t, entryFor(&messages.Deliver{}), "no Direct: a new entry")
+	noRoom, _ := entryFor(&messages.Deliver{Ref: &Direct{}})
+	assert.NotNil(t, noRoom, "no Room: a new entry")
+	noDirect, _ := entryFor(&messages.Deliver{})
+	assert.NotNil(t, noDirect, "no Direct: a new entry")
 }
 
 // events logs, in order, what a Listener and the Owners of Rooms are told.
@@ -56,8 +61,8 @@ func inRoom(l *events, n uint32, deadline int64) *entry {
 	d := &messages.Deliver{Message: codec.Message{Tenant: "t", Body: []byte("m")}}
 	sender := &actor.PID{Id: "caller", RequestId: n}
 	d.Ref = &Direct{Listener: l, Sender: sender, Room: room}
-	e := entryFor(d)
-	*e = entry{msg: &d.Message, to: caller{deliver: d, sender: sender}, size: 1, deadline: deadline}
+	e, left := entryFor(d)
+	*e = entry{msg: &d.Message, to: caller{deliver: d, sender: sender}, size: 1, deadline: deadline, left: left}
 	return e
 }
 

@@ -3,6 +3,8 @@ package batcher
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ankusa/sinkbatch/codec"
@@ -37,7 +39,14 @@ import (
 //	4  tick     the clock moves 1+v%4 and expiries are swept
 //	5  restart  the incarnation crashes: everything it holds is answered
 //	            ErrBatcherDown; its requests run on and may still store
-//	6, 7        deliver, as 0
+//	6           deliver, as 0
+//	7  leave    the caller of the v-th (mod their number) unanswered
+//	            delivery gives up, and will deliver it again: queued or
+//	            waiting, it says so (Room.Leave) and the queue is swept, as
+//	            CallerLeft makes the actor do; in a request whose goroutine
+//	            has not yet asked its callers, that goroutine finds it gone
+//	            (dispatch.leave) before it sends; in a request already sent,
+//	            nothing changes
 func FuzzStrictGroupOrder(f *testing.F) {
 	for _, seed := range []string{
 		"\x00\x00\x00\x08\x02\x02\x1b\x01\x02\x03",
@@ -70,10 +79,12 @@ type sgHarness struct {
 	owed     map[string]map[int]bool // group -> indexes owed a retry
 	msgOf    map[*entry]sgMsg
 	answered map[*entry]bool
-	running  []*inflight      // of every incarnation
-	stored   map[string][]int // group -> first appearance order of indexes
-	seen     map[string]bool  // keys stored at least once
-	old      []*dispatch      // crashed incarnations, whose requests may still run
+	running  []*inflight        // of every incarnation
+	asked    map[*inflight]bool // requests whose goroutine asked its callers
+	order    []*entry           // every entry delivered, in order
+	stored   map[string][]int   // group -> first appearance order of indexes
+	seen     map[string]bool    // keys stored at least once
+	old      []*dispatch        // crashed incarnations, whose requests may still run
 	ops      []string
 }
 
@@ -85,7 +96,8 @@ func sgRun(t *testing.T, data []byte) {
 		block: data[0]&1 == 1, oneGroup: data[0]&2 == 2,
 	}
 	h := &sgHarness{t: t, s: s, now: 1, nextIdx: map[string]int{}, owed: map[string]map[int]bool{},
-		msgOf: map[*entry]sgMsg{}, answered: map[*entry]bool{}, stored: map[string][]int{}, seen: map[string]bool{}}
+		msgOf: map[*entry]sgMsg{}, answered: map[*entry]bool{}, stored: map[string][]int{}, seen: map[string]bool{},
+		asked: map[*inflight]bool{}}
 	h.d = handoffDispatch(s)
 	for _, op := range data[1:] {
 		kind, v := op&7, int(op>>3)
@@ -104,7 +116,7 @@ func sgRun(t *testing.T, data []byte) {
 			h.logf("tick to %d", h.now)
 			if v < 16 { // else the next delivery that needs room sweeps (admit)
 				for _, e := range h.d.sweep(h.now) {
-					h.answer(e, e.heldBy == "" && e.deadline > h.now, "sweep")
+					h.answer(e, e.heldBy == "" && e.deadline > h.now && !e.gone(), "sweep")
 				}
 			}
 			late, held := h.d.expire(h.now)
@@ -113,6 +125,8 @@ func sgRun(t *testing.T, data []byte) {
 			}
 		case 5:
 			h.restart()
+		case 7:
+			h.leave(v)
 		default:
 			i := h.nextIdx[g]
 			h.nextIdx[g]++
@@ -181,8 +195,45 @@ func (h *sgHarness) answer(e *entry, final bool, why string) {
 	}
 }
 
+// leave is op 7.
+func (h *sgHarness) leave(v int) {
+	var live []*entry
+	for _, e := range h.order {
+		if !h.answered[e] {
+			live = append(live, e)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	e := live[v%len(live)]
+	h.logf("caller of %s leaves", e.msg.IdempotencyKey)
+	for _, f := range h.running {
+		i := slices.Index(f.entries, e)
+		if i < 0 {
+			continue
+		}
+		if h.asked[f] {
+			return // sent: its answer comes with the request's
+		}
+		h.asked[f] = true
+		gone := make([]bool, len(f.entries))
+		gone[i] = true
+		for _, x := range h.owner(f).leave(f, gone, h.now) {
+			h.answer(x, false, "left before its request")
+		}
+		return
+	}
+	e.left.Store(true)
+	for _, x := range h.d.sweep(h.now) {
+		h.answer(x, false, "left")
+	}
+}
+
 func (h *sgHarness) deliver(m sgMsg, v int) {
 	e := keyed(fmt.Sprint("t", v%3), m.group, m.index, m.key)
+	e.left = new(atomic.Bool)
+	h.order = append(h.order, e)
 	e.deadline = h.now + 1 + int64(v%8)
 	e.size = int32(1 + (v/8)%4*30) // 1 to 91 of a queue's 150 bytes
 	h.msgOf[e] = m
@@ -190,7 +241,7 @@ func (h *sgHarness) deliver(m sgMsg, v int) {
 	a := h.d.admit(e, h.now, false)
 	h.logf("deliver %s -> ok=%v waiting=%v paused=%v(%s) down=%v", m.key, a.ok, a.waiting, a.paused, a.waitFor, a.down)
 	for _, x := range a.dropped {
-		h.answer(x, x.heldBy == "" && x.deadline > h.now, "admit")
+		h.answer(x, x.heldBy == "" && x.deadline > h.now && !x.gone(), "admit")
 	}
 	if a.evicted != nil {
 		h.answer(a.evicted, false, "evicted")
@@ -203,7 +254,7 @@ func (h *sgHarness) deliver(m sgMsg, v int) {
 func (h *sgHarness) launch() {
 	f, dropped := launchAt(h.d, h.now)
 	for _, x := range dropped {
-		h.answer(x, x.heldBy == "" && x.deadline > h.now, "launch")
+		h.answer(x, x.heldBy == "" && x.deadline > h.now && !x.gone(), "launch")
 	}
 	if f != nil {
 		h.started(f)
@@ -276,7 +327,7 @@ func (h *sgHarness) finish(v int) {
 		h.answer(x, false, "held")
 	}
 	for _, x := range r.dropped {
-		h.answer(x, x.heldBy == "" && x.deadline > h.now, "finish's take")
+		h.answer(x, x.heldBy == "" && x.deadline > h.now && !x.gone(), "finish's take")
 	}
 	if r.next != nil {
 		h.started(r.next)
@@ -302,7 +353,7 @@ func (h *sgHarness) restart() {
 	for _, e := range old.abandon(h.now, true) {
 		h.answer(e, false, "restart")
 	}
-	next := newDispatch(newQueue(h.s), old.goroutines, everyoneAlive)
+	next := newDispatch(newQueue(h.s), old.goroutines)
 	old.handPausesTo(next, func() {})
 	h.old = append(h.old, old)
 	h.d = next

@@ -590,3 +590,57 @@ func BenchmarkPausedGroupAnswer(b *testing.B) {
 		})
 	}
 }
+
+// A caller found gone just before its request (the request goroutine asks,
+// outside the lock) is taken out of the batch, unsent; with StrictGroups
+// its group pauses, keyed by it, and the group's later entries in the same
+// batch are taken out too and held, as its queued ones are. Other groups'
+// entries are sent, and an entry the actor already answered (expired in
+// flight) stays.
+func TestStrictACallerThatLeftBeforeItsRequestHoldsItsGroup(t *testing.T) {
+	s := strictSettings()
+	s.maxEntries = 10
+	d := handoffDispatch(s)
+	now := int64(1000)
+	es := []*entry{keyed("a", "g", 1, "k1"), keyed("a", "h", 1, "h1"), keyed("b", "g", 2, "k2"), keyed("a", "g", 3, "k3")}
+	for _, e := range es {
+		require.True(t, d.admit(e, now, false).ok)
+	}
+	f, _ := launchAt(d, now)
+	require.ElementsMatch(t, []string{"a/g/1", "a/h/1", "b/g/2", "a/g/3"}, refs(f.entries))
+	require.True(t, d.admit(keyed("a", "g", 4, "k4"), now, false).ok, "queued behind g's gate")
+
+	gone := make([]bool, len(f.entries))
+	for i, e := range f.entries {
+		switch e.msg.IdempotencyKey {
+		case "k1":
+			gone[i] = true
+		case "k3":
+			f.claims[i].Store(true) // the actor answered it: expired in flight
+		}
+	}
+	dropped := d.leave(f, gone, now)
+	assert.ElementsMatch(t, []string{"a/h/1", "a/g/3"}, refs(f.entries), "sent: the other group, and the entry already answered")
+	assert.Len(t, f.claims, len(f.entries))
+	for i, e := range f.entries {
+		assert.Equal(t, e.msg.IdempotencyKey == "k3", f.claims[i].Load(), "%s keeps its claim", refs([]*entry{e}))
+	}
+	assert.ElementsMatch(t, []string{"a/g/1<", "b/g/2<k1", "a/g/4<k1"}, heldBy(dropped), "the gone entry (forgotten) and g's followers (held)")
+	assert.Equal(t, []string{"k1", "k2", "k4"}, waitsFor(d.q, "g"))
+	a := admitKeyed(d, "g", 2, "k2", now)
+	require.True(t, a.paused, "k2 may not overtake k1's retry")
+	assert.Equal(t, "k1", a.waitFor)
+
+	// Without StrictGroups only the gone entry is taken out.
+	s = testSettings()
+	s.linger = 0
+	d = handoffDispatch(s)
+	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2")} {
+		require.True(t, d.admit(e, now, false).ok)
+	}
+	f, _ = launchAt(d, now)
+	require.Equal(t, []string{"a/g/1", "a/g/2"}, refs(f.entries))
+	dropped = d.leave(f, []bool{true, false}, now)
+	assert.Equal(t, []string{"a/g/2"}, refs(f.entries))
+	assert.Equal(t, []string{"a/g/1"}, refs(dropped))
+}
