@@ -268,6 +268,10 @@
 //     entry), cancels (cancels.mu, behind an atomic count) and lease.holds;
 //   - the probe loop that Attach starts: the lease's member list, and
 //     sends; Leave stops it and waits for it;
+//   - adoptions (Node.adoptPauses), a goroutine per set of pauses handed
+//     over: the instance, then the ledger (ledger.mu), which counts the
+//     adoption until it ends, and sends (adopted{} to the grains that
+//     wait for it);
 //   - Leave's goroutines: the ledger, inflight, and, when its ctx ends,
 //     calls, outboxes, reply boxes and direct calls, each under its guard.
 //

@@ -39,9 +39,10 @@ const (
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
-	// adoptWait bounds how long a node waits for its instance to take the
-	// paused groups handed over (a batcher's mailbox's turn); they are
-	// paused before anything the grain admits after it in any case.
+	// adoptWait bounds how long an adoption (Node.adoptPauses) waits for
+	// the instance to take the paused groups handed over (a batcher's
+	// mailbox's turn); they are paused before anything admitted after it
+	// in any case.
 	adoptWait = 5 * time.Second
 )
 
@@ -65,6 +66,10 @@ type retryTick struct{}
 
 // stopTick ends a yielded grain's linger.
 type stopTick struct{}
+
+// adopted tells a waiting grain that no adoption of its destination's
+// handed-over pauses is in flight any more (ledger.adopting).
+type adopted struct{}
 
 // grain is the one admitter of a destination's deliveries in the cluster,
 // written by hand rather than generated because the generated grains answer
@@ -119,10 +124,11 @@ func (g *grain) Receive(ctx actor.Context) {
 			break
 		}
 		// The first HandoffDone of a member carries its pauses: it took
-		// them from its instance as it handed off. They are paused here at
-		// once, before the grain admits anything, and stay in the instance
-		// if the grain yields before it admits (the next hand-off takes
-		// them from there).
+		// them from its instance as it handed off. Their adoption begins
+		// at once, and the grain goes on receiving but admits nothing
+		// until it is over (see ask); they stay in the instance if the
+		// grain yields before it admits (the next hand-off, which waits
+		// for the adoption, takes them from there).
 		if g.state == waiting && g.awaiting[m.Member] {
 			delete(g.awaiting, m.Member)
 			g.n.adoptPauses(g.destination, m.Member, m.Paused)
@@ -142,6 +148,10 @@ func (g *grain) Receive(ctx actor.Context) {
 	case retryTick:
 		if g.state == waiting {
 			g.ask(ctx, true)
+		}
+	case adopted:
+		if g.state == waiting {
+			g.ask(ctx, false)
 		}
 	case yield:
 		g.yield(ctx)
@@ -198,7 +208,7 @@ func (g *grain) start(ctx actor.Context, destination string) {
 }
 
 // ask sends a HandoffRequest to each member still awaited (if send), and
-// admits once none is. Members that left the topology are not awaited, nor
+// admits once none is and the pauses they handed over are adopted. Members that left the topology are not awaited, nor
 // are those protoactor lost its connection to while the grain waited:
 // what they held is lost with them, as with a crash. (A connection that
 // drops while a live member still has a request in flight lets that
@@ -216,6 +226,11 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		}
 	}
 	if len(g.awaiting) == 0 {
+		if g.n.ledger.adopting(g.destination, ctx.Self()) {
+			// Pauses handed over are on their way into the instance:
+			// admit once they are in (adopted).
+			return
+		}
 		g.state = admitting
 		if g.timer != nil {
 			g.timer.Stop()
