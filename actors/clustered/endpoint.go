@@ -22,8 +22,9 @@ import (
 //     node's (DeliverReplies carrying a LeaseProbe or a LeaseAnswer);
 //   - on the caller's side, the answers to the node's deliveries
 //     (DeliverReplies, each reply naming its call) and requests (an
-//     ActivationResponse, a dead letter for a request or a post), told apart
-//     by the RequestId of the PID they were sent to;
+//     ActivationResponse, a GroupsReply, a dead letter for a request or a
+//     post), told apart by the RequestId of the PID they were sent to;
+//     each ends only a call of the role it answers (see calls.go);
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
 //     actors.Direct), HandoffRequests from other members, and their
@@ -45,7 +46,7 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	case *clusterpb.DeliverReplies:
 		for _, r := range m.Replies {
 			if r != nil {
-				n.onAnswer(r.Call, r)
+				n.calls.reply(r)
 			}
 		}
 		if m.LeaseProbe != nil {
@@ -54,8 +55,12 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 		if m.LeaseAnswer != nil {
 			n.onLeaseAnswer(sender, m.LeaseAnswer)
 		}
-	case *cluster.ActivationResponse, *actor.DeadLetterResponse, *clusterpb.GroupsReply:
-		n.onAnswer(pid.RequestId, m)
+	case *cluster.ActivationResponse:
+		n.calls.respond(pid.RequestId, requestAnswer{outcome: answered, activation: m})
+	case *clusterpb.GroupsReply:
+		n.calls.respond(pid.RequestId, requestAnswer{outcome: answered, groups: m})
+	case *actor.DeadLetterResponse:
+		n.onDeadLetter(pid.RequestId)
 	case *messages.Delivered:
 		if d, ok := m.Ref.(*actors.Direct); ok {
 			if a, ok := d.Listener.(*admitted); ok {

@@ -173,7 +173,7 @@ func (g *grain) Receive(ctx actor.Context) {
 // which protoactor drops from the moment it stops until its name is free
 // (then they come back as dead letters): they were never sent.
 func (g *grain) abandonPosts(ctx actor.Context) {
-	g.n.calls.failQueued(g.n.abandonGrain(ctx.Self()), notSent{})
+	g.n.calls.failQueued(g.n.abandonGrain(ctx.Self()), notSent)
 }
 
 // start begins the grain's life: it registers as its member's admitter of
@@ -389,21 +389,27 @@ func (n *Node) admit(a *admitted, h *held, call uint32, d messages.Deliver) {
 // record of its own), so nobody else holds it then; a record the batcher
 // never lets go of (refused, expired, answered by a restart) is left to the
 // collector.
+//
+// Its fields are set by whoever admits it (a grain's Receive, or a caller
+// in Node.here) before it is sent to the instance, and read-only after
+// (the send orders them before the batcher's reads), but for answered and
+// unleased, atomics that the batcher's goroutines and the endpoint race
+// on, and room, the batcher's.
 type admitted struct {
 	n       *Node
 	held    *held      // the ledger entry it is counted in
 	replyTo *actor.PID // the caller process; nil: nobody is answered
 	call    uint32     // the DeliverRequest's
 	// here: admitted directly by a caller of this member (Node.here),
-	// whose call directCall is, under token.
-	here       bool
-	directCall *call
-	token      uint64
-	answered   atomic.Bool
-	unleased   atomic.Bool // Listening said no for want of the lease
-	direct     actors.Direct
-	deliver    messages.Deliver
-	room       actors.Room // the batcher's entry for the delivery
+	// whose call hereCall is, under token.
+	here     bool
+	hereCall *directCall
+	token    uint64
+	answered atomic.Bool
+	unleased atomic.Bool // Listening said no for want of the lease
+	direct   actors.Direct
+	deliver  messages.Deliver
+	room     actors.Room // the batcher's entry for the delivery
 }
 
 // admittedPool recycles the records batchers let go of.
@@ -434,7 +440,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 	}
 	switch {
 	case a.here:
-		return a.directCall.pending.Load() == a.token
+		return a.hereCall.pending.Load() == a.token
 	case a.replyTo != nil:
 		return !a.n.cancels.has(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
 	}
@@ -463,7 +469,7 @@ func (a *admitted) Forgotten(*actor.PID) {
 		// Dropped for want of the lease, not by its caller: it was not
 		// sent, and its caller tries again.
 		if a.here {
-			n.direct.answer(a.directCall, a.token, codec.Result{Err: errUnleased})
+			n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
 		} else {
 			n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
 		}
@@ -480,7 +486,7 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	n, h := a.n, a.held
 	a.settled()
 	if a.here {
-		n.direct.answer(a.directCall, a.token, r)
+		n.direct.answer(a.hereCall, a.token, r)
 	} else {
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}
