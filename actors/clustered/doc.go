@@ -241,23 +241,33 @@
 // # Concurrency
 //
 // A node's state is shared by these goroutines; each names what it may
-// touch, and each piece of state has one guard:
+// touch, and each piece of state has one guard, named again beside its
+// field:
 //   - callers (Deliver, DeliverResult, ResumeGroup, PausedGroups, and the
 //     actor form's goroutines, which Node.deliverFor starts under
-//     orderedQueues.mu): their own call records; calls (calls.mu),
-//     outboxes (boxes.mu, taken before calls.mu, never after), direct
-//     calls (each shard's mu), the ledger's admitHere (its atomic counts
-//     and copy-on-write view), topology (its RWMutex), the PID cache (its
-//     mutex), the lease (holds: atomics) and inflight (one atomic word);
+//     orderedQueues.mu): their own calls, one type per role (a
+//     requestCall for an activation or a group request, a deliveryCall
+//     for a delivery through a grain, a directCall for one admitted
+//     directly), each answered once on a channel of its own answer type;
+//     calls (calls.mu), outboxes (boxes.mu, taken before calls.mu, never
+//     after), direct calls (each shard's mu; a call's token is atomic),
+//     the ledger's admitHere (its atomic counts and copy-on-write view),
+//     topology (its RWMutex), the PID cache (its mutex), the lease (holds:
+//     atomics) and inflight (one atomic word);
 //   - the endpoint (endpoint.SendUserMessage), run on its sender's
 //     goroutine: a remote sender's is protoactor's endpoint reader for its
-//     stream. Answers go to calls; hand-off requests to the ledger
-//     (ledger.mu); lease probes and answers to the lease (lease.mu);
+//     stream. It never waits: replies, responses and dead letters end
+//     calls (calls.mu); hand-off requests go to the ledger (ledger.mu);
+//     pauses handed over start an adoption; lease probes and answers go
+//     to the lease (lease.mu);
 //   - the event-stream subscriber (onTopology, onCut): topology, the PID
 //     cache, cutMu (cut and leftOK), outboxes and reply boxes, calls,
 //     direct calls, and the lease's member list (lease.mu);
 //   - a grain's Receive: the grain's own fields, touched by nothing else;
-//     the ledger, reply boxes, calls (abandoning posts) and lease.holds;
+//     the ledger, reply boxes, calls (abandoning posts) and lease.holds.
+//     It never waits: pauses handed over are adopted on a goroutine of
+//     their own, and the grain admits only once the ledger has none in
+//     flight for its destination;
 //   - protoactor's endpoint writer, calling Serialize on a post
 //     (outgoing, outgoingReplies) as it writes it: boxes.mu, then calls.mu;
 //   - timers: a grain's (time.AfterFunc) only send the grain a message; a
@@ -275,7 +285,13 @@
 //   - Leave's goroutines: the ledger, inflight, and, when its ctx ends,
 //     calls, outboxes, reply boxes and direct calls, each under its guard.
 //
-// // # Logs
+// The node's own fields: its config, logger, kind, ids and event-stream
+// subscription are set by New and read-only after it; cutMu guards cut
+// and leftOK; the cluster, the endpoint's PIDs, leaving and withoutLeases
+// are atomics; each channel is closed once by its one owner; and Leave's
+// result is written before left is closed, and read after.
+//
+// # Logs
 //
 // protoactor logs each message it routes at Debug, bodies included: run the
 // actor system's logger at Info or above in production. The node's own logs

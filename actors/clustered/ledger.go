@@ -25,21 +25,22 @@ import (
 // or answered before it.
 type ledger struct {
 	mu      sync.Mutex
-	dests   map[string]*held
-	view    atomic.Pointer[map[string]*held] // a copy of dests, for admitHere
-	leaving bool                             // Leave has begun: no grain may register
-	idle    chan struct{}
+	dests   map[string]*held                 // guarded by mu
+	view    atomic.Pointer[map[string]*held] // a copy of dests, for admitHere; replaced under mu
+	leaving bool                             // Leave has begun: no grain may register; guarded by mu
+	idle    chan struct{}                    // closed once dests is empty after leave; guarded by mu
 }
 
 // held is one destination's entry in the ledger.
 type held struct {
-	destination string
-	grain       *actor.PID   // the grain admitting or about to admit; nil: none
-	waiters     []*actor.PID // grains on other members waiting for HandoffDone
-	pending     atomic.Int64 // admitted deliveries not answered yet, and adoptions in flight
+	destination string       // read-only
+	grain       *actor.PID   // the grain admitting or about to admit; nil: none; guarded by ledger.mu
+	waiters     []*actor.PID // grains on other members waiting for HandoffDone; guarded by ledger.mu
+	pending     atomic.Int64 // admitted deliveries not answered yet, and adoptions in flight; atomic
 	// open is the topology version in which the grain, admitting, found
 	// that its member owns the destination: while it is the latest, this
 	// member's own callers admit directly (admitHere). 0: they may not.
+	// Atomic: set under ledger.mu, read without it.
 	open atomic.Uint64
 	// adopting counts the adoptions of handed-over pauses in flight for
 	// the destination (Node.adoptPauses), each also counted in pending so
