@@ -123,7 +123,10 @@
 // while it waited, or one that has said nothing at all (no HandoffDone, no
 // answer to a lease probe: see Fencing) for handoffSilence (500 ms) since
 // it began to wait, such as a stranger answering a health port the
-// provider lists. A member that answers lease probes is waited for until
+// provider lists. Those 500 ms count from the first answer any member gave
+// the new owner's node, if that came later: a member that has just joined
+// and heard nobody yet cannot tell a silent member from its own
+// connections still being made, and waits up to 5 s. A member that answers lease probes is waited for until
 // it hands off, however long its batchers take to answer what it admitted. A connection that drops while a live old owner still
 // has a request in flight can therefore let that request overlap the new
 // owner's first one.

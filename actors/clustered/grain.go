@@ -34,8 +34,16 @@ const (
 	// has said nothing since it began (no HandoffDone, no answer to a
 	// lease probe): a process the provider lists that is no member
 	// (a stranger at a listed health port), or one that cannot answer.
-	// A member that answers probes is waited for until it hands off.
-	handoffSilence = 500 * time.Millisecond
+	// It counts from when the grain began to wait or, if later, from the
+	// first answer any peer gave this node: a node that has heard nobody
+	// yet (it has just joined, and its connections are still being made)
+	// cannot tell a silent member from a slow start of its own, and taking
+	// a live member's destination over would let two requests of a group
+	// overlap. handoffSilenceMax bounds the wait in any case (a node whose
+	// only peers are strangers). A member that answers probes is waited
+	// for until it hands off.
+	handoffSilence    = 500 * time.Millisecond
+	handoffSilenceMax = 5 * time.Second
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
@@ -214,7 +222,7 @@ func (g *grain) start(ctx actor.Context, destination string) {
 // drops while a live member still has a request in flight lets that
 // request overlap the new owner's; the package doc says so.)
 func (g *grain) ask(ctx actor.Context, send bool) {
-	silent := time.Since(g.askedAt) >= handoffSilence
+	silent := g.silenceOver()
 	for a := range g.awaiting {
 		switch {
 		case !g.n.topo.has(a) || g.n.cutSince(a, g.askedAt):
@@ -251,6 +259,17 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		}
 		g.after(ctx, handoffRetry, retryTick{})
 	}
+}
+
+// silenceOver reports whether a member that has said nothing since the
+// grain began to wait is no longer waited for (see handoffSilence).
+func (g *grain) silenceOver() bool {
+	now := g.n.lease.now()
+	if now-g.askedNanos >= int64(handoffSilenceMax) {
+		return true
+	}
+	first, heard := g.n.lease.heardAnyone()
+	return heard && now-max(g.askedNanos, first) >= int64(handoffSilence)
 }
 
 // unreachable notes that a HandoffRequest to member came back undelivered:

@@ -51,6 +51,9 @@ type lease struct {
 	// members are the ids of the latest member list's other members
 	// hosting Kind, with their addresses. Guarded by mu.
 	members map[string]string
+	// firstHeard is when (l.now) a peer first answered a probe; 0: none
+	// yet. Guarded by mu.
+	firstHeard int64
 }
 
 // leasePeer is a peer that takes part in leases. Guarded by lease.mu.
@@ -139,6 +142,9 @@ func (l *lease) answer(address, self string, a *clusterpb.LeaseAnswer) (excluded
 		return false // not a probe of this node's
 	}
 	p.heard = max(p.heard, a.SentNanos)
+	if l.firstHeard == 0 {
+		l.firstHeard = max(l.now(), 1)
+	}
 	if a.Includes && a.SentNanos > p.confirmed {
 		p.confirmed = a.SentNanos
 	}
@@ -157,6 +163,15 @@ func (l *lease) speaks(address string) bool {
 		}
 	}
 	return false
+}
+
+// heardAnyone returns when (l.now) a peer first answered a probe, and
+// false while none has: until then the node cannot tell a
+// silent peer from its own connections still being made.
+func (l *lease) heardAnyone() (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.firstHeard, l.firstHeard != 0
 }
 
 // heardSince reports whether the member at address answered a probe sent
