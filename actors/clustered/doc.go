@@ -110,13 +110,17 @@
 // new owner, for the time it had left, before the new owner admits
 // anything: on a join, the old owner's HandoffDone carries its pauses; on a
 // leave, the leaving member sends them to each destination's next owner
-// before it says it left. Pauses that reach a grain no longer waiting for them (it
-// yielded to yet another owner, or gave up on their member) are passed on
-// to the owner in its member's latest topology, not dropped. A pause is kept on the owner's instance: resume or list
-// paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
-// owner from any member (actors.Instance.ResumeGroup reaches only the
-// member's own instance). A crashed member's pauses are lost with it, and
-// so are those of a member whose Leave gave up (its ctx ended).
+// before it says it left. The new owner's grain keeps taking deliveries
+// (and holding them) while its instance takes the pauses, and admits once
+// they are in; the destination is not handed off again before that. Pauses
+// that reach a grain no longer waiting for them (it yielded to yet another
+// owner, or gave up on their member) are passed on to the owner in its
+// member's latest topology, not dropped. A pause is kept on the owner's
+// instance: resume or list paused groups with Node.ResumeGroup and
+// Node.PausedGroups, which ask the owner from any member
+// (actors.Instance.ResumeGroup reaches only the member's own instance). A
+// crashed member's pauses are lost with it, and so are those of a member
+// whose Leave gave up (its ctx ended).
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, one protoactor lost (or could not make) the connection to
