@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -16,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ankusa/sinkbatch/actors"
-	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/messages"
 )
@@ -33,300 +31,11 @@ const (
 // the member has left.
 var errLeavingOwner = fmt.Errorf("%w: the member is leaving the cluster and owns the destination; the message was not sent", messages.ErrStopped)
 
-// memberLeft answers a call whose target left the cluster: a request or a
-// delivery that may have reached it.
-type memberLeft struct{}
-
-// notSent answers a delivery that was never written to its owner: it waited
-// in an outbox whose owner left, or whose batch message came back as a dead
-// letter before it was written.
-type notSent struct{}
-
-// nodeQuit answers every call that waits, or begins, once Leave gave up
-// waiting (calls.failAll): nothing will answer it any more. unsent: it is a
-// delivery that was never written (still queued, or begun after that).
-type nodeQuit struct{ unsent bool }
-
-// answeredHere answers a delivery admitted directly (Node.here): its
-// result is in its call.
-type answeredHere struct{}
-
-// calls are a node's requests and deliveries waiting for an answer, and
-// the batch messages it posted, each told apart by a number: the RequestId
-// of the sender PID a request or a post hands out (the endpoint's PID), or
-// the call of a DeliverRequest. Safe for concurrent use.
-type calls struct {
-	mu  sync.Mutex
-	seq uint32
-	m   map[uint32]*call
-	// quit: failAll ran. A call that begins then is answered nodeQuit at
-	// once, so that waiting for an answer needs no channel shared by every
-	// caller (a select locks each of its channels: one shared by all
-	// callers is a lock they all contend for).
-	quit bool
-}
-
-// call is one request, delivery or post waiting for its answer.
-type call struct {
-	target string // the member it was sent to
-	// answer receives exactly one answer; nil for a post.
-	answer chan any
-
-	// A delivery is queued in an outbox until a batch takes it; batch is
-	// then that batch's call, registered under batchID.
-	queued  bool
-	batch   *call
-	batchID uint32
-
-	// A post is an *outgoing or an *outgoingReplies. A batch that was
-	// taken keeps the calls of the deliveries it carries (left of them
-	// still wait), for its dead letter to answer; it ends when one of them
-	// is answered with a DeliverReply (the batch reached its grain, so no
-	// dead letter will follow) or when none waits any more.
-	post    any
-	taken   bool
-	carried []uint32
-	left    int
-
-	// timer keeps the deadline of the caller waiting on answer.
-	timer *time.Timer
-	// grain: a delivery's, told if its caller cancels once it was written.
-	grain *actor.PID
-
-	// A delivery admitted directly (Node.here) is in directCalls, not in
-	// calls: result is its answer, set before answeredHere is sent on
-	// answer; pending is its token while it waits, 0 once answered or
-	// abandoned; token counts the deliveries c served, so that an answer
-	// meant for an earlier one is told apart.
-	result  codec.Result
-	pending atomic.Uint64
-	token   uint64
-	shard   uint8
-	prev    *call
-	next    *call
-}
-
-// callPool recycles the calls of requests and deliveries, answer channel
-// included: one is put back only once nobody can send on its channel any
-// more (see Node.wait).
-var callPool = sync.Pool{New: func() any { return &call{answer: make(chan any, 1)} }}
-
-// newCall is a call to target from callPool.
-func newCall(target string, queued bool) *call {
-	c := callPool.Get().(*call)
-	c.target, c.queued = target, queued
-	return c
-}
-
-// recycle puts c back in callPool; its answer was taken, or will never be
-// sent.
-func recycle(c *call) {
-	c.target, c.queued, c.batch, c.batchID, c.result, c.grain = "", false, nil, 0, codec.Result{}, nil
-	callPool.Put(c)
-}
-
-// add registers c and returns its number; after failAll, c is answered
-// nodeQuit at once instead. cs.mu must be held.
-func (cs *calls) add(c *call) uint32 {
-	if cs.quit {
-		if c.answer != nil {
-			c.answer <- nodeQuit{unsent: true}
-		}
-		return 0
-	}
-	for {
-		cs.seq++
-		if _, taken := cs.m[cs.seq]; cs.seq != 0 && !taken {
-			cs.m[cs.seq] = c
-			return cs.seq
-		}
-	}
-}
-
-// begin registers a request to target and returns its number.
-func (cs *calls) begin(target string) (uint32, *call) {
-	c := newCall(target, false)
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return cs.add(c), c
-}
-
-// beginDelivery registers a delivery to target, about to be queued in an
-// outbox, and returns its number.
-func (cs *calls) beginDelivery(target string) (uint32, *call) {
-	c := newCall(target, true)
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return cs.add(c), c
-}
-
-// beginPost registers post, about to be sent to target, and returns its
-// number: the RequestId of its sender PID, under which a dead letter for it
-// comes back.
-func (cs *calls) beginPost(target string, post any) uint32 {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return cs.add(&call{target: target, post: post})
-}
-
-// answer ends call id with msg, if it still waits. For a post it returns
-// the post and whether it was taken, answering (taken) the deliveries it
-// carried with msg.
-func (cs *calls) answer(id uint32, msg any) (post any, taken bool) {
-	cs.mu.Lock()
-	c := cs.m[id]
-	if c == nil {
-		cs.mu.Unlock()
-		return nil, false
-	}
-	delete(cs.m, id)
-	if c.post != nil {
-		var waiting []*call
-		for _, d := range c.carried {
-			if dc := cs.m[d]; dc != nil && dc.batch == c {
-				delete(cs.m, d)
-				waiting = append(waiting, dc)
-			}
-		}
-		cs.mu.Unlock()
-		for _, w := range waiting {
-			w.answer <- msg
-		}
-		return c.post, c.taken
-	}
-	if c.batch != nil {
-		if _, reached := msg.(*clusterpb.DeliverReply); reached {
-			cs.endBatch(c)
-		} else {
-			cs.release(c)
-		}
-	}
-	cs.mu.Unlock()
-	c.answer <- msg
-	return nil, false
-}
-
-// endBatch ends the batch delivery c went in. cs.mu must be held.
-func (cs *calls) endBatch(c *call) {
-	if cs.m[c.batchID] == c.batch {
-		delete(cs.m, c.batchID)
-	}
-}
-
-// release counts out delivery c from its batch, which ends once none of
-// its deliveries waits. cs.mu must be held.
-func (cs *calls) release(c *call) {
-	if c.batch == nil {
-		return
-	}
-	c.batch.left--
-	if c.batch.left <= 0 {
-		cs.endBatch(c)
-	}
-}
-
-// end forgets call id, whose caller stopped waiting. It reports whether
-// the call still waited (if not, its answer is on its way) and whether it
-// had been written (a delivery no longer queued; any other call).
-func (cs *calls) end(id uint32) (waited, written bool) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	c := cs.m[id]
-	if c == nil {
-		return false, false
-	}
-	delete(cs.m, id)
-	cs.release(c)
-	return true, !c.queued
-}
-
-// carry records that batch id takes queued, dropping (in place) the
-// deliveries whose caller stopped waiting or whose deadline passed by now:
-// they are not sent. It returns those it carries.
-func (cs *calls) carry(id uint32, queued []queuedDelivery, now time.Time) []queuedDelivery {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	b := cs.m[id]
-	if b != nil {
-		b.taken = true
-	}
-	kept := queued[:0]
-	for _, q := range queued {
-		c := cs.m[q.call]
-		if c == nil || !c.queued || !q.deadline.After(now) {
-			continue
-		}
-		c.queued = false
-		if b != nil {
-			c.batch, c.batchID = b, id
-			b.carried = append(b.carried, q.call)
-			b.left++
-		}
-		kept = append(kept, q)
-	}
-	if b != nil && b.left == 0 {
-		delete(cs.m, id)
-	}
-	return kept
-}
-
-// failQueued answers with msg the deliveries of queued still waiting in an
-// outbox.
-func (cs *calls) failQueued(queued []queuedDelivery, msg any) {
-	var waiting []*call
-	cs.mu.Lock()
-	for _, q := range queued {
-		if c := cs.m[q.call]; c != nil && c.queued {
-			delete(cs.m, q.call)
-			waiting = append(waiting, c)
-		}
-	}
-	cs.mu.Unlock()
-	for _, c := range waiting {
-		c.answer <- msg
-	}
-}
-
-// failMember answers every call to address: notSent for a delivery still
-// queued, memberLeft for the rest (notSent too if graceful: the member
-// said it admits nothing more); posts to it are forgotten.
-func (cs *calls) failMember(address string, graceful bool) {
-	cs.fail(func(c *call) bool { return c.target == address }, graceful)
-}
-
-// failAll answers every call nodeQuit, now and from now on.
-func (cs *calls) failAll() {
-	cs.mu.Lock()
-	cs.quit = true
-	cs.mu.Unlock()
-	cs.fail(func(*call) bool { return true }, false)
-}
-
-func (cs *calls) fail(match func(*call) bool, graceful bool) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for id, c := range cs.m {
-		if !match(c) {
-			continue
-		}
-		delete(cs.m, id)
-		switch {
-		case c.answer == nil:
-		case cs.quit:
-			c.answer <- nodeQuit{unsent: c.queued}
-		case c.queued, graceful:
-			c.answer <- notSent{}
-		default:
-			c.answer <- memberLeft{}
-		}
-	}
-}
-
 // pidCache holds the grain PID each destination was last resolved to.
 // Safe for concurrent use.
 type pidCache struct {
 	mu sync.RWMutex
-	m  map[string]*actor.PID
+	m  map[string]*actor.PID // guarded by mu
 }
 
 func (p *pidCache) get(destination string) *actor.PID {
@@ -426,27 +135,26 @@ func (n *Node) deliver(ctx context.Context, destination string, m codec.Message,
 			if time.Until(deadline) <= 0 {
 				return codec.Result{}, n.unreachable(ctx)
 			}
-			answer, err := n.sendQueued(ctx, deadline, pid, destination, q, queued)
+			a, err := n.sendQueued(ctx, deadline, pid, destination, q, queued)
 			if err != nil {
 				return codec.Result{}, err
 			}
-			switch a := answer.(type) {
-			case *clusterpb.DeliverReply:
-				if !a.NotOwner {
-					if a.Error != nil {
-						return codec.Result{}, decodeError(a.Error)
+			switch a.outcome {
+			case answered:
+				if r := a.reply; !r.NotOwner {
+					if r.Error != nil {
+						return codec.Result{}, decodeError(r.Error)
 					}
-					return codec.Result{ID: a.Id, Sequence: a.Sequence}, nil
+					return codec.Result{ID: r.Id, Sequence: r.Sequence}, nil
 				}
-			case *actor.DeadLetterResponse, notSent:
+			case notSent:
 				// Not delivered, so not admitted.
 			case memberLeft:
 				return codec.Result{}, fmt.Errorf("%w: its member left the cluster before answering", ErrUnreachable)
 			case nodeQuit:
-				if a.unsent {
-					return codec.Result{}, errQuitUnsent
-				}
 				return codec.Result{}, errNodeQuit
+			case quitUnsent:
+				return codec.Result{}, errQuitUnsent
 			}
 			n.cache.forget(destination, pid)
 		}
@@ -479,7 +187,7 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 		n.apply(undo)
 		return codec.Result{}, false, nil
 	}
-	c := newCall("", false) // no target: directCalls, not calls.failMember, answers it
+	c := newDirectCall()
 	token, ok := n.direct.add(c)
 	if !ok {
 		// Leave gave up: nothing is sent.
@@ -487,12 +195,12 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 			<-c.answer
 		}
 		n.direct.remove(c)
-		recycle(c)
+		c.recycle()
 		n.apply(n.ledger.answered(h))
 		return codec.Result{}, true, errQuitUnsent
 	}
 	a := newAdmitted()
-	a.here, a.directCall, a.token = true, c, token
+	a.here, a.hereCall, a.token = true, c, token
 	n.admit(a, h, 0, messages.Deliver{
 		Codec:       n.cfg.Destinations[destination],
 		Message:     m,
@@ -502,12 +210,13 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 	if queued != nil {
 		queued()
 	}
-	answer, err := n.wait(ctx, deadline, 0, c, &r)
+	answer, err := n.awaitDirect(ctx, deadline, c)
 	if err != nil {
 		return codec.Result{}, true, err
 	}
-	switch answer.(type) {
-	case answeredHere:
+	switch answer.outcome {
+	case answered:
+		r := answer.result
 		if r.Err == errUnleased {
 			// Dropped unsent for want of the lease: the caller tries
 			// again.
@@ -525,21 +234,19 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 }
 
 // send queues one attempt of q for grain, in the batch the node sends it
-// next, and waits for its answer: a reply, a dead letter, memberLeft,
-// notSent, nodeQuit. A nil answer with an error means the ctx ended or the node gave
-// up first.
-func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery) (any, error) {
+// next, and waits for its answer. A zero answer with an error means the
+// ctx ended or the deadline passed first.
+func (n *Node) send(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery) (deliveryAnswer, error) {
 	return n.sendQueued(ctx, deadline, grain, destination, q, nil)
 }
 
 // sendQueued is send calling queued, if not nil, once q is queued.
-func (n *Node) sendQueued(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery, queued func()) (any, error) {
+func (n *Node) sendQueued(ctx context.Context, deadline time.Time, grain *actor.PID, destination string, q queuedDelivery, queued func()) (deliveryAnswer, error) {
 	id, c := n.calls.beginDelivery(grain.Address)
 	if id == 0 {
-		// Leave gave up: c is answered nodeQuit, and nothing is sent.
-		a := <-c.answer
-		recycle(c)
-		return a, nil
+		// Leave gave up: nothing is sent.
+		c.recycle()
+		return deliveryAnswer{outcome: quitUnsent}, nil
 	}
 	q.call = id
 	c.grain = grain
@@ -547,7 +254,7 @@ func (n *Node) sendQueued(ctx context.Context, deadline time.Time, grain *actor.
 	if queued != nil {
 		queued()
 	}
-	return n.wait(ctx, deadline, id, c, nil)
+	return n.awaitDelivery(ctx, deadline, id, c)
 }
 
 // unreachable is the answer to a caller whose ctx ended, or whose deadline
@@ -583,20 +290,18 @@ func (n *Node) pause(ctx context.Context, deadline time.Time, d time.Duration) e
 }
 
 // request sends msg to pid with the endpoint as its sender and waits for
-// the answer: a reply, a dead letter, memberLeft, nodeQuit. A nil answer with an error
-// means the ctx ended or the node gave up first.
-func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, msg any) (any, error) {
+// the answer. A zero answer with an error means the ctx ended or the
+// deadline passed first.
+func (n *Node) request(ctx context.Context, deadline time.Time, pid *actor.PID, msg any) (requestAnswer, error) {
 	self := n.answersTo()
-	id, c := n.calls.begin(pid.Address)
+	id, c := n.calls.beginRequest(pid.Address)
 	if id == 0 {
-		// Leave gave up: c is answered nodeQuit, and nothing is sent.
-		a := <-c.answer
-		recycle(c)
-		return a, nil
+		// Leave gave up: nothing is sent.
+		return requestAnswer{outcome: quitUnsent}, nil
 	}
 	sender := &actor.PID{Address: self.Address, Id: self.Id, RequestId: id}
 	n.system.Root.RequestWithCustomSender(pid, msg, sender)
-	return n.wait(ctx, deadline, id, c, nil)
+	return n.awaitRequest(ctx, deadline, id, c)
 }
 
 // timerCtx is the type of the ctx context.WithDeadline and WithTimeout
@@ -622,9 +327,9 @@ func keepsDeadline(ctx context.Context, deadline time.Time) bool {
 	return ok && !d.After(deadline)
 }
 
-// errUnleased answers, in its call, a delivery admitted directly that its
-// batcher dropped unsent because the node lost its lease (see
-// admitted.Forgotten): Node.here tries it again.
+// errUnleased answers, in its directAnswer's result, a delivery admitted
+// directly that its batcher dropped unsent because the node lost its lease
+// (see admitted.Forgotten): Node.here tries it again.
 var errUnleased = errors.New("sinkbatch: not sent: the member lost its ownership lease")
 
 // errNodeQuit answers a caller whose call was still waiting when Leave gave
@@ -635,75 +340,79 @@ var errNodeQuit = fmt.Errorf("%w: the node left before its owner answered", ErrU
 // Leave gave up: it never will be.
 var errQuitUnsent = fmt.Errorf("%w: the node left before the message was sent; it was not sent", messages.ErrStopped)
 
-// wait waits for call id's answer until ctx ends or the deadline passes,
-// and recycles c. Id 0 is a delivery admitted directly, in n.direct: its
-// result is copied to result. Leave giving up answers it (nodeQuit): see
-// calls.quit and directCalls.fail.
-func (n *Node) wait(ctx context.Context, deadline time.Time, id uint32, c *call, result *codec.Result) (any, error) {
-	var err error
+// await waits for the one answer on ch until ctx ends or the deadline
+// passes, and returns it; or, if it gave up first, the error to answer the
+// caller with. timer is the call's own (made on first use, stopped before
+// await returns): a ctx that keeps the deadline itself needs none.
+func await[A any](n *Node, ctx context.Context, deadline time.Time, ch <-chan A, timer **time.Timer) (A, error) {
+	var none A
 	if keepsDeadline(ctx, deadline) {
 		select {
-		case a := <-c.answer:
-			if result != nil {
-				*result = c.result
-			}
-			n.done(id, c)
+		case a := <-ch:
 			return a, nil
 		case <-ctx.Done():
-			err = n.unreachable(ctx)
+			return none, n.unreachable(ctx)
 		}
+	}
+	// Since Go 1.23 a stopped timer's channel holds nothing stale.
+	if *timer == nil {
+		*timer = time.NewTimer(time.Until(deadline))
 	} else {
-		// c's timer is c's own: stopped before c is recycled, and (since
-		// Go 1.23) a stopped timer's channel holds nothing stale.
-		if c.timer == nil {
-			c.timer = time.NewTimer(time.Until(deadline))
-		} else {
-			c.timer.Reset(time.Until(deadline))
-		}
-		select {
-		case a := <-c.answer:
-			c.timer.Stop()
-			if result != nil {
-				*result = c.result
-			}
-			n.done(id, c)
-			return a, nil
-		case <-c.timer.C:
-			err = n.unreachable(ctx)
-		case <-ctx.Done():
-			err = n.unreachable(ctx)
-		}
-		c.timer.Stop()
+		(*timer).Reset(time.Until(deadline))
 	}
-	switch waited, written := n.stopWaiting(id, c); {
-	case !waited:
+	t := *timer
+	defer t.Stop()
+	select {
+	case a := <-ch:
+		return a, nil
+	case <-t.C:
+		return none, n.unreachable(ctx)
+	case <-ctx.Done():
+		return none, n.unreachable(ctx)
+	}
+}
+
+// awaitDelivery waits for the answer of delivery call id (see await), and
+// recycles c. A caller that stops waiting for a delivery written to its
+// owner because its ctx was cancelled tells the owner, which drops it
+// unless it was sent.
+func (n *Node) awaitDelivery(ctx context.Context, deadline time.Time, id uint32, c *deliveryCall) (deliveryAnswer, error) {
+	a, err := await(n, ctx, deadline, c.answer, &c.timer)
+	if err != nil {
+		switch waited, written := n.calls.end(id); {
+		case !waited:
+			// Its answer is on its way: taken before c is recycled.
+			<-c.answer
+		case written && errors.Is(ctx.Err(), context.Canceled):
+			n.cancelDelivery(c.grain, id, deadline)
+		}
+	}
+	c.recycle()
+	return a, err
+}
+
+// awaitRequest waits for the answer of request call id (see await).
+func (n *Node) awaitRequest(ctx context.Context, deadline time.Time, id uint32, c *requestCall) (requestAnswer, error) {
+	a, err := await(n, ctx, deadline, c.answer, &c.timer)
+	if err != nil {
+		// An answer on its way lands in c's buffer, and is dropped with c.
+		n.calls.end(id)
+	}
+	return a, err
+}
+
+// awaitDirect waits for the answer of c, a delivery admitted directly
+// (see await), takes c out of n.direct and recycles it. Leave giving up
+// answers it too (nodeQuit: see directCalls.fail).
+func (n *Node) awaitDirect(ctx context.Context, deadline time.Time, c *directCall) (directAnswer, error) {
+	a, err := await(n, ctx, deadline, c.answer, &c.timer)
+	if err != nil && !n.direct.abandon(c) {
+		// Its answer is on its way: taken before c is recycled.
 		<-c.answer
-	case written && c.grain != nil && errors.Is(ctx.Err(), context.Canceled):
-		// The owner may hold it: it drops it unless it was sent.
-		n.cancelDelivery(c.grain, id, deadline)
 	}
-	n.done(id, c)
-	return nil, err
-}
-
-// stopWaiting ends call id (0: c, a direct delivery), whose caller stopped
-// waiting. It reports whether the call still waited (if not, its answer is
-// on its way) and, if it did, whether it was written to its owner (a
-// delivery no longer queued in an outbox).
-func (n *Node) stopWaiting(id uint32, c *call) (waited, written bool) {
-	if id == 0 {
-		return n.direct.abandon(c), false
-	}
-	return n.calls.end(id)
-}
-
-// done recycles c, answered, of call id (0: a direct delivery, taken out
-// of n.direct first).
-func (n *Node) done(id uint32, c *call) {
-	if id == 0 {
-		n.direct.remove(c)
-	}
-	recycle(c)
+	n.direct.remove(c)
+	c.recycle()
+	return a, err
 }
 
 // resolve is the PID of destination's grain: cached, or activated on the
@@ -717,18 +426,18 @@ func (n *Node) resolve(ctx context.Context, deadline time.Time, destination stri
 	if owner == "" {
 		return nil, nil
 	}
-	answer, err := n.request(ctx, deadline, actor.NewPID(owner, disthash.PartitionActivatorActorName),
+	a, err := n.request(ctx, deadline, actor.NewPID(owner, disthash.PartitionActivatorActorName),
 		&cluster.ActivationRequest{ClusterIdentity: &cluster.ClusterIdentity{Identity: destination, Kind: Kind}})
 	if err != nil {
 		return nil, err
 	}
-	switch r := answer.(type) {
-	case *cluster.ActivationResponse:
-		if r.Pid != nil && !r.Failed {
+	switch a.outcome {
+	case answered:
+		if r := a.activation; r != nil && r.Pid != nil && !r.Failed {
 			n.cache.put(destination, r.Pid)
 			return r.Pid, nil
 		}
-	case nodeQuit:
+	case nodeQuit, quitUnsent:
 		// Nothing was delivered, nor will be.
 		return nil, messages.ErrStopped
 	}

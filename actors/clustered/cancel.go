@@ -38,10 +38,10 @@ type callKey struct {
 // cancelSlack) has passed: a cancel may come after its delivery's answer
 // left. Safe for concurrent use.
 type cancels struct {
-	n     atomic.Int64 // len(m): 0, and nobody need lock mu
+	n     atomic.Int64 // len(m), stored under mu: 0, and nobody need lock mu
 	mu    sync.Mutex
-	m     map[callKey]time.Time // until when
-	swept time.Time
+	m     map[callKey]time.Time // until when; guarded by mu
+	swept time.Time             // when add last forgot the expired; guarded by mu
 }
 
 // cancelSlack is how long past its caller's deadline a cancel is kept: the

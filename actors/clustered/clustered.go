@@ -129,18 +129,18 @@ type Node struct {
 	replyID string // the endpoint's id of this node's own (incarnationID)
 	sub     *eventstream.Subscription
 
-	// Each guards itself (a lock or atomics inside; see each type).
-	topo     topology
-	ledger   *ledger
-	calls    calls
-	direct   directCalls   // deliveries admitted directly, waiting
-	outboxes outboxes      // deliveries waiting to be written to their grains
-	replies  replyBoxes    // answers waiting to be written to their callers
-	cancels  cancels       // deliveries whose callers on other members cancelled
-	cache    pidCache      // grain PIDs by destination
-	ordered  orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group
-	lease    *lease
-	inflight callers // Deliver calls and actor-form deliveries in progress
+	// Each guards itself, with the guard named here (see each type).
+	topo     topology      // owners by the latest member list: topology.mu; its version, atomic
+	ledger   *ledger       // the owner's side, by destination: ledger.mu; counts and the callers' view, atomic
+	calls    calls         // requests, deliveries through grains and posts, waiting: calls.mu
+	direct   directCalls   // deliveries admitted directly, waiting: each shard's mu; each call's token, atomic
+	outboxes outboxes      // deliveries waiting to be written to their grains: boxes.mu (before calls.mu, never after)
+	replies  replyBoxes    // answers waiting to be written to their callers: boxes.mu (before calls.mu, never after)
+	cancels  cancels       // deliveries whose callers on other members cancelled: cancels.mu, behind an atomic count
+	cache    pidCache      // grain PIDs by destination: pidCache.mu
+	ordered  orderedQueues // actor-form deliveries waiting for an earlier one of their sender and group: orderedQueues.mu
+	lease    *lease        // the node's ownership lease: lease.mu; whether it holds, atomic
+	inflight callers       // Deliver calls and actor-form deliveries in progress: one atomic word
 
 	// Guarded by cutMu.
 	cutMu sync.Mutex
@@ -217,7 +217,7 @@ func New(system *actor.ActorSystem, cfg Config) (*Node, error) {
 	}
 	n := &Node{system: system, cfg: cfg, log: cfg.Logger, ledger: newLedger(), left: make(chan struct{}), quit: make(chan struct{}),
 		lease: l, excludedCh: make(chan struct{}), probeStop: make(chan struct{}), probeDone: make(chan struct{})}
-	n.calls.m = map[uint32]*call{}
+	n.calls.m = map[uint32]pendingCall{}
 	n.outboxes.m = map[pidKey]*outbox{}
 	n.outboxes.pool = &pendingPool
 	// What a member receives at once: one batch of deliveries and one of
@@ -353,7 +353,7 @@ func (n *Node) cutOff(address string) {
 	n.calls.failMember(address, graceful)
 	if address == n.system.Address() {
 		// This member was dropped from the cluster.
-		n.direct.fail(memberLeft{}, false)
+		n.direct.fail(memberLeft, false)
 	}
 }
 
@@ -655,7 +655,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			n.outboxes.cut("")
 			n.replies.cut("")
 			n.calls.failAll()
-			n.direct.fail(nodeQuit{}, true)
+			n.direct.fail(nodeQuit, true)
 		}
 		// protoactor's graceful shutdown takes 2 s at least, and 10 s
 		// when the connection to a member that died is still retrying its
@@ -712,9 +712,11 @@ func loopback(host string) bool {
 // Every delivery enters and exits, so the count is one atomic word (a
 // mutex taken twice per delivery was among the most contended locks).
 type callers struct {
-	state atomic.Int64  // deliveries in progress, plus callersClosed once closed
-	zero  chan struct{} // made by close; closed once closed and none is left
-	once  sync.Once
+	state atomic.Int64 // deliveries in progress, plus callersClosed once closed
+	// zero is made by close, before it sets callersClosed, and read only
+	// after that bit is seen; closed (once) when none is left.
+	zero chan struct{}
+	once sync.Once
 }
 
 // callersClosed is the bit of callers.state that close sets.

@@ -23,15 +23,15 @@ const directShards = 32
 // fail to find every call that waits. Safe for concurrent use.
 type directCalls struct {
 	// quit: Leave gave up (fail with quit). A call added then is not
-	// admitted.
+	// admitted. Atomic.
 	quit   atomic.Bool
 	shards [directShards]directShard
 }
 
 type directShard struct {
 	mu    sync.Mutex
-	head  *call  // a list through call.prev and call.next
-	added uint64 // calls ever added, for tests
+	head  *directCall // a list through directCall.prev and directCall.next; guarded by mu
+	added uint64      // calls ever added, for tests; guarded by mu
 	_     [40]byte
 }
 
@@ -39,7 +39,7 @@ type directShard struct {
 // token of its own that its answer must present. It returns the token, and
 // false if Leave gave up before: c must not be admitted then; its caller
 // abandons it (which may find it answered nodeQuit) and takes it out.
-func (dc *directCalls) add(c *call) (token uint64, ok bool) {
+func (dc *directCalls) add(c *directCall) (token uint64, ok bool) {
 	c.token++
 	token = c.token
 	c.pending.Store(token)
@@ -58,7 +58,7 @@ func (dc *directCalls) add(c *call) (token uint64, ok bool) {
 }
 
 // remove takes c out of its shard; its caller does, before it recycles c.
-func (dc *directCalls) remove(c *call) {
+func (dc *directCalls) remove(c *directCall) {
 	s := &dc.shards[c.shard]
 	s.mu.Lock()
 	if c.prev != nil {
@@ -76,23 +76,22 @@ func (dc *directCalls) remove(c *call) {
 // answer answers c with r if it still waits under token: a call whose
 // caller stopped waiting, or that was answered otherwise, or that now
 // serves another delivery, is left alone.
-func (dc *directCalls) answer(c *call, token uint64, r codec.Result) {
+func (dc *directCalls) answer(c *directCall, token uint64, r codec.Result) {
 	if c.pending.CompareAndSwap(token, 0) {
-		c.result = r
-		c.answer <- answeredHere{}
+		c.answer <- directAnswer{outcome: answered, result: r}
 	}
 }
 
 // abandon is c's caller no longer waiting; it reports whether c still
 // waited. If not, its answer is on its way, and the caller must take it
 // before it recycles c.
-func (dc *directCalls) abandon(c *call) bool {
+func (dc *directCalls) abandon(c *directCall) bool {
 	return c.pending.CompareAndSwap(c.token, 0)
 }
 
-// fail answers every call that waits with msg; with quit, so is every call
+// fail answers every call that waits with o; with quit, so is every call
 // added from now on (add reports it).
-func (dc *directCalls) fail(msg any, quit bool) {
+func (dc *directCalls) fail(o outcome, quit bool) {
 	if quit {
 		dc.quit.Store(true)
 	}
@@ -101,7 +100,7 @@ func (dc *directCalls) fail(msg any, quit bool) {
 		s.mu.Lock()
 		for c := s.head; c != nil; c = c.next {
 			if t := c.pending.Load(); t != 0 && c.pending.CompareAndSwap(t, 0) {
-				c.answer <- msg
+				c.answer <- directAnswer{outcome: o}
 			}
 		}
 		s.mu.Unlock()

@@ -15,7 +15,7 @@ import (
 // (an instance answering late, after its caller gave up).
 func TestDirectCallsAnswerOnlyItsOwnDelivery(t *testing.T) {
 	var dc directCalls
-	c := newCall("me", false)
+	c := newDirectCall()
 	first, ok := dc.add(c)
 	require.True(t, ok)
 	require.True(t, dc.abandon(c), "the caller gives up while it waits")
@@ -30,8 +30,9 @@ func TestDirectCallsAnswerOnlyItsOwnDelivery(t *testing.T) {
 	dc.answer(c, second, codec.Result{ID: "mine"})
 	dc.answer(c, second, codec.Result{ID: "again"})
 	require.Len(t, c.answer, 1, "answered once")
-	assert.Equal(t, answeredHere{}, <-c.answer)
-	assert.Equal(t, "mine", c.result.ID)
+	a := <-c.answer
+	assert.Equal(t, answered, a.outcome)
+	assert.Equal(t, "mine", a.result.ID)
 	assert.False(t, dc.abandon(c), "answered: its caller must take the answer")
 	dc.remove(c)
 	assert.Equal(t, uint64(2), dc.added())
@@ -44,10 +45,10 @@ func TestDirectCallsFailAnswersWhatWaitsOnce(t *testing.T) {
 	for round := range 200 {
 		var dc directCalls
 		const n = 40
-		cs := make([]*call, n)
+		cs := make([]*directCall, n)
 		tokens := make([]uint64, n)
 		for i := range cs {
-			cs[i] = &call{answer: make(chan any, 1)}
+			cs[i] = &directCall{answer: make(chan directAnswer, 1)}
 			var ok bool
 			tokens[i], ok = dc.add(cs[i])
 			require.True(t, ok)
@@ -69,7 +70,7 @@ func TestDirectCallsFailAnswersWhatWaitsOnce(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			dc.fail(memberLeft{}, false)
+			dc.fail(memberLeft, false)
 		}()
 		wg.Wait()
 		for i, c := range cs {
@@ -82,7 +83,7 @@ func TestDirectCallsFailAnswersWhatWaitsOnce(t *testing.T) {
 			require.Len(t, c.answer, 1, "round %d: call %d is answered once", round, i)
 			a := <-c.answer
 			if i%2 == 1 {
-				assert.Equal(t, memberLeft{}, a, "round %d: call %d, never answered by the instance", round, i)
+				assert.Equal(t, memberLeft, a.outcome, "round %d: call %d, never answered by the instance", round, i)
 			}
 			dc.remove(c)
 		}
@@ -96,27 +97,27 @@ func TestDirectCallsQuitRacingAdd(t *testing.T) {
 	for round := range 500 {
 		var dc directCalls
 		const n = 8
-		cs := make([]*call, n)
+		cs := make([]*directCall, n)
 		oks := make([]bool, n)
 		var wg sync.WaitGroup
 		for i := range cs {
-			cs[i] = &call{answer: make(chan any, 1)}
+			cs[i] = &directCall{answer: make(chan directAnswer, 1)}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				_, oks[i] = dc.add(cs[i])
 			}()
 		}
-		dc.fail(nodeQuit{}, true)
+		dc.fail(nodeQuit, true)
 		wg.Wait()
 		for i, c := range cs {
 			if !oks[i] {
 				continue
 			}
 			require.Len(t, c.answer, 1, "round %d: call %d was admitted, so fail must have answered it", round, i)
-			assert.Equal(t, nodeQuit{}, <-c.answer)
+			assert.Equal(t, nodeQuit, (<-c.answer).outcome)
 		}
-		c := &call{answer: make(chan any, 1)}
+		c := &directCall{answer: make(chan directAnswer, 1)}
 		_, ok := dc.add(c)
 		assert.False(t, ok, "round %d: added after fail with quit", round)
 	}

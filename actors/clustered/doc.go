@@ -110,13 +110,17 @@
 // new owner, for the time it had left, before the new owner admits
 // anything: on a join, the old owner's HandoffDone carries its pauses; on a
 // leave, the leaving member sends them to each destination's next owner
-// before it says it left. Pauses that reach a grain no longer waiting for them (it
-// yielded to yet another owner, or gave up on their member) are passed on
-// to the owner in its member's latest topology, not dropped. A pause is kept on the owner's instance: resume or list
-// paused groups with Node.ResumeGroup and Node.PausedGroups, which ask the
-// owner from any member (actors.Instance.ResumeGroup reaches only the
-// member's own instance). A crashed member's pauses are lost with it, and
-// so are those of a member whose Leave gave up (its ctx ended).
+// before it says it left. The new owner's grain keeps taking deliveries
+// (and holding them) while its instance takes the pauses, and admits once
+// they are in; the destination is not handed off again before that. Pauses
+// that reach a grain no longer waiting for them (it yielded to yet another
+// owner, or gave up on their member) are passed on to the owner in its
+// member's latest topology, not dropped. A pause is kept on the owner's
+// instance: resume or list paused groups with Node.ResumeGroup and
+// Node.PausedGroups, which ask the owner from any member
+// (actors.Instance.ResumeGroup reaches only the member's own instance). A
+// crashed member's pauses are lost with it, and so are those of a member
+// whose Leave gave up (its ctx ended).
 //
 // A new owner does not wait for a member it cannot talk to: one that left
 // its topology, one protoactor lost (or could not make) the connection to
@@ -244,23 +248,33 @@
 // # Concurrency
 //
 // A node's state is shared by these goroutines; each names what it may
-// touch, and each piece of state has one guard:
+// touch, and each piece of state has one guard, named again beside its
+// field:
 //   - callers (Deliver, DeliverResult, ResumeGroup, PausedGroups, and the
 //     actor form's goroutines, which Node.deliverFor starts under
-//     orderedQueues.mu): their own call records; calls (calls.mu),
-//     outboxes (boxes.mu, taken before calls.mu, never after), direct
-//     calls (each shard's mu), the ledger's admitHere (its atomic counts
-//     and copy-on-write view), topology (its RWMutex), the PID cache (its
-//     mutex), the lease (holds: atomics) and inflight (one atomic word);
+//     orderedQueues.mu): their own calls, one type per role (a
+//     requestCall for an activation or a group request, a deliveryCall
+//     for a delivery through a grain, a directCall for one admitted
+//     directly), each answered once on a channel of its own answer type;
+//     calls (calls.mu), outboxes (boxes.mu, taken before calls.mu, never
+//     after), direct calls (each shard's mu; a call's token is atomic),
+//     the ledger's admitHere (its atomic counts and copy-on-write view),
+//     topology (its RWMutex), the PID cache (its mutex), the lease (holds:
+//     atomics) and inflight (one atomic word);
 //   - the endpoint (endpoint.SendUserMessage), run on its sender's
 //     goroutine: a remote sender's is protoactor's endpoint reader for its
-//     stream. Answers go to calls; hand-off requests to the ledger
-//     (ledger.mu); lease probes and answers to the lease (lease.mu);
+//     stream. It never waits: replies, responses and dead letters end
+//     calls (calls.mu); hand-off requests go to the ledger (ledger.mu);
+//     pauses handed over start an adoption; lease probes and answers go
+//     to the lease (lease.mu);
 //   - the event-stream subscriber (onTopology, onCut): topology, the PID
 //     cache, cutMu (cut and leftOK), outboxes and reply boxes, calls,
 //     direct calls, and the lease's member list (lease.mu);
 //   - a grain's Receive: the grain's own fields, touched by nothing else;
-//     the ledger, reply boxes, calls (abandoning posts) and lease.holds;
+//     the ledger, reply boxes, calls (abandoning posts) and lease.holds.
+//     It never waits: pauses handed over are adopted on a goroutine of
+//     their own, and the grain admits only once the ledger has none in
+//     flight for its destination;
 //   - protoactor's endpoint writer, calling Serialize on a post
 //     (outgoing, outgoingReplies) as it writes it: boxes.mu, then calls.mu;
 //   - timers: a grain's (time.AfterFunc) only send the grain a message; a
@@ -271,10 +285,20 @@
 //     entry), cancels (cancels.mu, behind an atomic count) and lease.holds;
 //   - the probe loop that Attach starts: the lease's member list, and
 //     sends; Leave stops it and waits for it;
+//   - adoptions (Node.adoptPauses), a goroutine per set of pauses handed
+//     over: the instance, then the ledger (ledger.mu), which counts the
+//     adoption until it ends, and sends (adopted{} to the grains that
+//     wait for it);
 //   - Leave's goroutines: the ledger, inflight, and, when its ctx ends,
 //     calls, outboxes, reply boxes and direct calls, each under its guard.
 //
-// // # Logs
+// The node's own fields: its config, logger, kind, ids and event-stream
+// subscription are set by New and read-only after it; cutMu guards cut
+// and leftOK; the cluster, the endpoint's PIDs, leaving and withoutLeases
+// are atomics; each channel is closed once by its one owner; and Leave's
+// result is written before left is closed, and read after.
+//
+// # Logs
 //
 // protoactor logs each message it routes at Debug, bodies included: run the
 // actor system's logger at Info or above in production. The node's own logs

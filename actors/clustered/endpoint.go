@@ -22,8 +22,9 @@ import (
 //     node's (DeliverReplies carrying a LeaseProbe or a LeaseAnswer);
 //   - on the caller's side, the answers to the node's deliveries
 //     (DeliverReplies, each reply naming its call) and requests (an
-//     ActivationResponse, a dead letter for a request or a post), told apart
-//     by the RequestId of the PID they were sent to;
+//     ActivationResponse, a GroupsReply, a dead letter for a request or a
+//     post), told apart by the RequestId of the PID they were sent to;
+//     each ends only a call of the role it answers (see calls.go);
 //   - on the owner's side, the local instance's refusals of admitted
 //     deliveries (*messages.Delivered, whose Ref is the admitted record's
 //     actors.Direct), HandoffRequests from other members, and their
@@ -45,7 +46,7 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 	case *clusterpb.DeliverReplies:
 		for _, r := range m.Replies {
 			if r != nil {
-				n.onAnswer(r.Call, r)
+				n.calls.reply(r)
 			}
 		}
 		if m.LeaseProbe != nil {
@@ -54,8 +55,12 @@ func (e *endpoint) SendUserMessage(pid *actor.PID, message any) {
 		if m.LeaseAnswer != nil {
 			n.onLeaseAnswer(sender, m.LeaseAnswer)
 		}
-	case *cluster.ActivationResponse, *actor.DeadLetterResponse, *clusterpb.GroupsReply:
-		n.onAnswer(pid.RequestId, m)
+	case *cluster.ActivationResponse:
+		n.calls.respond(pid.RequestId, requestAnswer{outcome: answered, activation: m})
+	case *clusterpb.GroupsReply:
+		n.calls.respond(pid.RequestId, requestAnswer{outcome: answered, groups: m})
+	case *actor.DeadLetterResponse:
+		n.onDeadLetter(pid.RequestId)
 	case *messages.Delivered:
 		if d, ok := m.Ref.(*actors.Direct); ok {
 			if a, ok := d.Listener.(*admitted); ok {
@@ -144,6 +149,9 @@ func (n *Node) apply(h handoff) {
 	if h.yield != nil {
 		n.system.Root.Send(h.yield, yield{})
 	}
+	for _, g := range h.adopted {
+		n.system.Root.Send(g, adopted{})
+	}
 	if len(h.done) == 0 {
 		return
 	}
@@ -153,21 +161,40 @@ func (n *Node) apply(h handoff) {
 	}
 }
 
-// adoptPauses pauses, on the member's instance, the groups of destination
+// adoptPauses has the member's instance pause the groups of destination
 // that member handed over (in a HandoffDone: answering a grain's
-// HandoffRequest, or as it left).
+// HandoffRequest, or as it left), without waiting for it: the instance
+// takes them in its batcher's mailbox's turn, which can be long. The
+// adoption is counted in the ledger until the instance has them (or
+// adoptWait passed, and they are on their way ahead of anything admitted
+// later): meanwhile no grain of destination here admits (ledger.adopting)
+// and the destination is not handed off, so its pauses are in place
+// before the new owner admits and go with it when it moves on.
 func (n *Node) adoptPauses(destination, member string, paused []*clusterpb.PausedGroup) {
 	c := n.cfg.Destinations[destination]
 	if c == nil || len(paused) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
-	defer cancel()
-	if err := n.cfg.Instance.AdoptPausedGroups(ctx, c, pausesFromWire(paused)); err != nil {
-		n.log.Warn("sinkbatch: the paused groups another member handed over could not be paused here",
-			slog.String("destination", destination), slog.String("member", member), slog.Any("error", err))
-	}
+	groups := pausesFromWire(paused)
+	h := n.ledger.adoptBegin(destination)
+	go func() {
+		if testHookAdopt != nil {
+			testHookAdopt()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), adoptWait)
+		err := n.cfg.Instance.AdoptPausedGroups(ctx, c, groups)
+		cancel()
+		if err != nil {
+			n.log.Warn("sinkbatch: the paused groups another member handed over could not be paused here",
+				slog.String("destination", destination), slog.String("member", member), slog.Any("error", err))
+		}
+		n.apply(n.ledger.adoptEnd(h))
+	}()
 }
+
+// testHookAdopt, if set (by tests only), runs as an adoption begins,
+// before the instance is asked.
+var testHookAdopt func()
 
 // passPausesOn pauses the groups of destination that member handed over,
 // in a HandoffDone that reached a grain no longer waiting for it, on the

@@ -47,9 +47,10 @@ const (
 	// maxBuffered bounds the deliveries a grain holds while it waits for
 	// its hand-off; more are refused with *messages.RetryAfterError.
 	maxBuffered = 4096
-	// adoptWait bounds how long a node waits for its instance to take the
-	// paused groups handed over (a batcher's mailbox's turn); they are
-	// paused before anything the grain admits after it in any case.
+	// adoptWait bounds how long an adoption (Node.adoptPauses) waits for
+	// the instance to take the paused groups handed over (a batcher's
+	// mailbox's turn); they are paused before anything admitted after it
+	// in any case.
 	adoptWait = 5 * time.Second
 )
 
@@ -73,6 +74,10 @@ type retryTick struct{}
 
 // stopTick ends a yielded grain's linger.
 type stopTick struct{}
+
+// adopted tells a waiting grain that no adoption of its destination's
+// handed-over pauses is in flight any more (ledger.adopting).
+type adopted struct{}
 
 // grain is the one admitter of a destination's deliveries in the cluster,
 // written by hand rather than generated because the generated grains answer
@@ -127,10 +132,11 @@ func (g *grain) Receive(ctx actor.Context) {
 			break
 		}
 		// The first HandoffDone of a member carries its pauses: it took
-		// them from its instance as it handed off. They are paused here at
-		// once, before the grain admits anything, and stay in the instance
-		// if the grain yields before it admits (the next hand-off takes
-		// them from there).
+		// them from its instance as it handed off. Their adoption begins
+		// at once, and the grain goes on receiving but admits nothing
+		// until it is over (see ask); they stay in the instance if the
+		// grain yields before it admits (the next hand-off, which waits
+		// for the adoption, takes them from there).
 		if g.state == waiting && g.awaiting[m.Member] {
 			delete(g.awaiting, m.Member)
 			g.n.adoptPauses(g.destination, m.Member, m.Paused)
@@ -150,6 +156,10 @@ func (g *grain) Receive(ctx actor.Context) {
 	case retryTick:
 		if g.state == waiting {
 			g.ask(ctx, true)
+		}
+	case adopted:
+		if g.state == waiting {
+			g.ask(ctx, false)
 		}
 	case yield:
 		g.yield(ctx)
@@ -171,7 +181,7 @@ func (g *grain) Receive(ctx actor.Context) {
 // which protoactor drops from the moment it stops until its name is free
 // (then they come back as dead letters): they were never sent.
 func (g *grain) abandonPosts(ctx actor.Context) {
-	g.n.calls.failQueued(g.n.abandonGrain(ctx.Self()), notSent{})
+	g.n.calls.failQueued(g.n.abandonGrain(ctx.Self()), notSent)
 }
 
 // start begins the grain's life: it registers as its member's admitter of
@@ -206,7 +216,7 @@ func (g *grain) start(ctx actor.Context, destination string) {
 }
 
 // ask sends a HandoffRequest to each member still awaited (if send), and
-// admits once none is. Members that left the topology are not awaited, nor
+// admits once none is and the pauses they handed over are adopted. Members that left the topology are not awaited, nor
 // are those protoactor lost its connection to while the grain waited:
 // what they held is lost with them, as with a crash. (A connection that
 // drops while a live member still has a request in flight lets that
@@ -224,6 +234,11 @@ func (g *grain) ask(ctx actor.Context, send bool) {
 		}
 	}
 	if len(g.awaiting) == 0 {
+		if g.n.ledger.adopting(g.destination, ctx.Self()) {
+			// Pauses handed over are on their way into the instance:
+			// admit once they are in (adopted).
+			return
+		}
 		g.state = admitting
 		if g.timer != nil {
 			g.timer.Stop()
@@ -393,21 +408,27 @@ func (n *Node) admit(a *admitted, h *held, call uint32, d messages.Deliver) {
 // record of its own), so nobody else holds it then; a record the batcher
 // never lets go of (refused, expired, answered by a restart) is left to the
 // collector.
+//
+// Its fields are set by whoever admits it (a grain's Receive, or a caller
+// in Node.here) before it is sent to the instance, and read-only after
+// (the send orders them before the batcher's reads), but for answered and
+// unleased, atomics that the batcher's goroutines and the endpoint race
+// on, and room, the batcher's.
 type admitted struct {
 	n       *Node
 	held    *held      // the ledger entry it is counted in
 	replyTo *actor.PID // the caller process; nil: nobody is answered
 	call    uint32     // the DeliverRequest's
 	// here: admitted directly by a caller of this member (Node.here),
-	// whose call directCall is, under token.
-	here       bool
-	directCall *call
-	token      uint64
-	answered   atomic.Bool
-	unleased   atomic.Bool // Listening said no for want of the lease
-	direct     actors.Direct
-	deliver    messages.Deliver
-	room       actors.Room // the batcher's entry for the delivery
+	// whose call hereCall is, under token.
+	here     bool
+	hereCall *directCall
+	token    uint64
+	answered atomic.Bool
+	unleased atomic.Bool // Listening said no for want of the lease
+	direct   actors.Direct
+	deliver  messages.Deliver
+	room     actors.Room // the batcher's entry for the delivery
 }
 
 // admittedPool recycles the records batchers let go of.
@@ -438,7 +459,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 	}
 	switch {
 	case a.here:
-		return a.directCall.pending.Load() == a.token
+		return a.hereCall.pending.Load() == a.token
 	case a.replyTo != nil:
 		return !a.n.cancels.has(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
 	}
@@ -467,7 +488,7 @@ func (a *admitted) Forgotten(*actor.PID) {
 		// Dropped for want of the lease, not by its caller: it was not
 		// sent, and its caller tries again.
 		if a.here {
-			n.direct.answer(a.directCall, a.token, codec.Result{Err: errUnleased})
+			n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
 		} else {
 			n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
 		}
@@ -484,7 +505,7 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	n, h := a.n, a.held
 	a.settled()
 	if a.here {
-		n.direct.answer(a.directCall, a.token, r)
+		n.direct.answer(a.hereCall, a.token, r)
 	} else {
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}

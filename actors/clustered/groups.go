@@ -83,17 +83,19 @@ func (n *Node) groups(ctx context.Context, destination, group string, resume boo
 				older = owner
 				break
 			}
-			answer, err := n.request(ctx, deadline, actor.NewPID(owner, endpointID), req)
+			a, err := n.request(ctx, deadline, actor.NewPID(owner, endpointID), req)
 			if err != nil {
 				return nil, err
 			}
-			switch a := answer.(type) {
-			case *clusterpb.GroupsReply:
-				if a.Error != nil {
-					return nil, decodeError(a.Error)
+			switch a.outcome {
+			case answered:
+				if r := a.groups; r != nil {
+					if r.Error != nil {
+						return nil, decodeError(r.Error)
+					}
+					return r.Paused, nil
 				}
-				return a.Paused, nil
-			case nodeQuit:
+			case nodeQuit, quitUnsent:
 				return nil, messages.ErrStopped
 			}
 			// A dead letter, a member that left or could not be

@@ -35,7 +35,7 @@ const (
 // the event-stream subscriber (topologies), grains, callers and batchers
 // (holds) all use it.
 type lease struct {
-	origin time.Time // the monotonic clock's origin for every nanos below
+	origin time.Time // the monotonic clock's origin for every nanos below; read-only
 
 	// until is the monotonic nanos up to which the lease holds, written
 	// under mu and read without it. math.MaxInt64: no peer to wait for.
@@ -56,7 +56,7 @@ type lease struct {
 	firstHeard int64
 }
 
-// leasePeer is a peer that takes part in leases.
+// leasePeer is a peer that takes part in leases. Guarded by lease.mu.
 type leasePeer struct {
 	address   string
 	confirmed int64 // sent_nanos of the latest probe it confirmed; 0: none

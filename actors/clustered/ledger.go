@@ -1,6 +1,7 @@
 package clustered
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -24,31 +25,40 @@ import (
 // or answered before it.
 type ledger struct {
 	mu      sync.Mutex
-	dests   map[string]*held
-	view    atomic.Pointer[map[string]*held] // a copy of dests, for admitHere
-	leaving bool                             // Leave has begun: no grain may register
-	idle    chan struct{}
+	dests   map[string]*held                 // guarded by mu
+	view    atomic.Pointer[map[string]*held] // a copy of dests, for admitHere; replaced under mu
+	leaving bool                             // Leave has begun: no grain may register; guarded by mu
+	idle    chan struct{}                    // closed once dests is empty after leave; guarded by mu
 }
 
 // held is one destination's entry in the ledger.
 type held struct {
-	destination string
-	grain       *actor.PID   // the grain admitting or about to admit; nil: none
-	waiters     []*actor.PID // grains on other members waiting for HandoffDone
-	pending     atomic.Int64 // admitted deliveries not answered yet
+	destination string       // read-only
+	grain       *actor.PID   // the grain admitting or about to admit; nil: none; guarded by ledger.mu
+	waiters     []*actor.PID // grains on other members waiting for HandoffDone; guarded by ledger.mu
+	pending     atomic.Int64 // admitted deliveries not answered yet, and adoptions in flight; atomic
 	// open is the topology version in which the grain, admitting, found
 	// that its member owns the destination: while it is the latest, this
 	// member's own callers admit directly (admitHere). 0: they may not.
+	// Atomic: set under ledger.mu, read without it.
 	open atomic.Uint64
+	// adopting counts the adoptions of handed-over pauses in flight for
+	// the destination (Node.adoptPauses), each also counted in pending so
+	// that no hand-off takes the destination's pauses before they are in;
+	// adopted are the grains to tell (adopted{}) once it is 0. Guarded by
+	// ledger.mu.
+	adopting int
+	adopted  []*actor.PID
 }
 
 // handoff is what a change to the ledger asks its caller to send once the
-// lock is released: tell the grain to yield, or tell waiters the
-// destination is handed off.
+// lock is released: tell the grain to yield, tell waiters the destination
+// is handed off, or tell grains that its pauses are adopted.
 type handoff struct {
 	destination string
 	yield       *actor.PID
 	done        []*actor.PID
+	adopted     []*actor.PID
 }
 
 func newLedger() *ledger {
@@ -117,6 +127,7 @@ func (l *ledger) unregister(destination string, grain *actor.PID) handoff {
 	}
 	h.grain = nil
 	h.open.Store(0)
+	h.adopted = slices.DeleteFunc(h.adopted, grain.Equal)
 	return handoff{destination: destination, done: l.settle(h)}
 }
 
@@ -191,6 +202,52 @@ func (l *ledger) request(destination string, waiter *actor.PID) handoff {
 	h.waiters = append(h.waiters, waiter)
 	h.open.Store(0)
 	return handoff{destination: destination, yield: h.grain, done: l.settle(h)}
+}
+
+// adoptBegin counts in an adoption of destination's handed-over pauses,
+// about to begin, and returns the entry to count it out of (adoptEnd):
+// until then the destination is not handed off, and no grain of it here
+// admits (adopting).
+func (l *ledger) adoptBegin(destination string) *held {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.entry(destination)
+	h.adopting++
+	h.pending.Add(1)
+	return h
+}
+
+// adoptEnd counts out an adoption of h's destination that is over: the
+// pauses are in the instance, or on their way there ahead of any delivery
+// admitted from now on. Once none is in flight, the grains that wait for
+// them are told.
+func (l *ledger) adoptEnd(h *held) handoff {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := handoff{destination: h.destination}
+	h.adopting--
+	if h.adopting == 0 {
+		out.adopted, h.adopted = h.adopted, nil
+	}
+	if h.pending.Add(-1) == 0 && h.open.Load() == 0 {
+		out.done = l.settle(h)
+	}
+	return out
+}
+
+// adopting reports whether an adoption of destination's pauses is in
+// flight; if so, grain is told (adopted{}) once none is.
+func (l *ledger) adopting(destination string, grain *actor.PID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.dests[destination]
+	if h == nil || h.adopting == 0 {
+		return false
+	}
+	if !slices.ContainsFunc(h.adopted, grain.Equal) {
+		h.adopted = append(h.adopted, grain)
+	}
+	return true
 }
 
 // grains are the destinations' grains registered here.

@@ -56,17 +56,19 @@ type queuedDelivery struct {
 // and with it every delivery and answer on it. A box with items and no
 // post waits for the gate: taking a post opens it for the next box.
 type boxes[T any, P comparable] struct {
-	mu sync.Mutex
-	m  map[pidKey]*box[T, P]
+	mu   sync.Mutex
+	m    map[pidKey]*box[T, P] // guarded by mu
+	gate map[string]gated[P]   // by address: the post on its way there; guarded by mu
+
+	// Set by New, read-only after it.
 	// pool, if set, recycles the boxes' queues: a post that took one puts
 	// it back (recycle) once it has used it.
 	pool *sync.Pool
-	gate map[string]gated[P] // by address: the post on its way there
 	// size is an item's bytes on the wire, at most; budget the most a post
 	// to another member takes (it takes one item at least).
 	size   func(T) int
 	budget int
-	// newPost makes a post for a box.
+	// newPost makes a post for a box (called under mu).
 	newPost func(*box[T, P]) P
 }
 
@@ -335,13 +337,13 @@ func (n *Node) abandonGrain(grain *actor.PID) []queuedDelivery {
 // newOutgoing is the next post of an outbox.
 func (n *Node) newOutgoing(ob *outbox) *outgoing {
 	post := &outgoing{n: n, box: ob, destination: ob.label}
-	post.call = n.calls.beginPost(ob.key.address, post)
+	post.call = n.calls.beginPost(&postCall{target: ob.key.address, deliveries: post})
 	return post
 }
 
 // outgoing is a batch message posted to a grain: it carries what its
 // outbox holds when it is written (or, to a grain on the same member,
-// received).
+// received). Its fields are set as it is made, read-only after.
 type outgoing struct {
 	n           *Node
 	box         *outbox
@@ -409,7 +411,7 @@ func (n *Node) reply(to *actor.PID, r *clusterpb.DeliverReply) {
 	switch {
 	case to == nil:
 	case to.Address == n.system.Address() && (to.Id == n.replyID || to.Id == endpointID):
-		n.onAnswer(r.Call, r)
+		n.calls.reply(r)
 	case to.Address == n.system.Address():
 		n.system.Root.Send(to, &clusterpb.DeliverReplies{Replies: []*clusterpb.DeliverReply{r}})
 	default:
@@ -429,13 +431,13 @@ func (n *Node) queueReply(to *actor.PID, r *clusterpb.DeliverReply) {
 // newOutgoingReplies is the next post of a reply box.
 func (n *Node) newOutgoingReplies(rb *replyBox) *outgoingReplies {
 	post := &outgoingReplies{n: n, box: rb}
-	post.call = n.calls.beginPost(rb.key.address, post)
+	post.call = n.calls.beginPost(&postCall{target: rb.key.address, replies: post})
 	return post
 }
 
 // outgoingReplies is a DeliverReplies posted to a caller process on another
 // member: it carries what its box holds when it is written, as much as a
-// post's budget allows.
+// post's budget allows. Its fields are set as it is made, read-only after.
 type outgoingReplies struct {
 	n    *Node
 	box  *replyBox
@@ -464,24 +466,22 @@ type wireReplies struct{ *clusterpb.DeliverReplies }
 // Deserialize is never called: see errNotDeserialized.
 func (wireReplies) Deserialize() (remote.RootSerializable, error) { return nil, errNotDeserialized }
 
-// onAnswer takes the answer to call id: a reply, a dead letter, an
-// activation response. A post that came back as a dead letter before it
-// was written is given up: the deliveries its outbox held are answered
-// with the dead letter (never sent, so not admitted).
-func (n *Node) onAnswer(id uint32, msg any) {
-	post, taken := n.calls.answer(id, msg)
-	if post == nil || taken {
-		return
-	}
-	switch p := post.(type) {
-	case *outgoing:
-		gone, next, stale := n.outboxes.abandon(p.box, p, time.Now())
-		n.calls.failQueued(gone, msg)
+// onDeadLetter takes a dead letter for call id (a request or a post that
+// did not reach its process). A post that came back before it was written
+// is given up: the deliveries its outbox held are answered notSent (never
+// sent, so not admitted); the answers a reply box held are dropped, as
+// their callers' member cannot be reached (its callers are answered
+// ErrUnreachable there).
+func (n *Node) onDeadLetter(id uint32) {
+	p := n.calls.deadLetter(id)
+	switch {
+	case p == nil:
+	case p.deliveries != nil:
+		gone, next, stale := n.outboxes.abandon(p.deliveries.box, p.deliveries, time.Now())
+		n.calls.failQueued(gone, notSent)
 		sendPost(n, next, stale)
-	case *outgoingReplies:
-		// The caller's member cannot be reached: the answers are dropped,
-		// and their callers answered ErrUnreachable.
-		_, next, stale := n.replies.abandon(p.box, p, time.Now())
+	case p.replies != nil:
+		_, next, stale := n.replies.abandon(p.replies.box, p.replies, time.Now())
 		sendPost(n, next, stale)
 	}
 }

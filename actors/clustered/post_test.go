@@ -117,7 +117,7 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 	n, grain, g := localNode(t)
 	ctx := context.Background()
 	const callers = 20
-	answers := make([]any, callers+1)
+	answers := make([]deliveryAnswer, callers+1)
 	var wg sync.WaitGroup
 	send := func(i int) {
 		defer wg.Done()
@@ -151,8 +151,8 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 	}
 	assert.Equal(t, queuedOrder, sent, "a batch keeps the order deliveries were queued in")
 	for i := 0; i <= callers; i++ {
-		r, ok := answers[i].(*clusterpb.DeliverReply)
-		require.True(t, ok, "%d: %T", i, answers[i])
+		require.Equal(t, answered, answers[i].outcome, "%d", i)
+		r := answers[i].reply
 		if i%5 == 0 {
 			assert.True(t, r.NotOwner, "%d", i)
 		} else {
@@ -164,7 +164,7 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 	// Light load: one delivery, nothing on its way, is sent at once.
 	a, err := n.send(ctx, time.Now().Add(time.Minute), grain, "d", delivery("alone"))
 	require.NoError(t, err)
-	assert.Equal(t, "alone", a.(*clusterpb.DeliverReply).Id)
+	assert.Equal(t, "alone", a.reply.Id)
 	assert.Len(t, g.taken(), 2)
 	assert.Empty(t, n.outboxes.m, "an outbox goes once its batch is taken")
 	assert.Empty(t, n.calls.m, "no call outlives its answer")
@@ -174,7 +174,7 @@ func TestConcurrentDeliveriesShareABatchAndKeepTheirAnswers(t *testing.T) {
 // while it is queued stays out of the batch.
 func TestAbandonedDeliveryIsNotSent(t *testing.T) {
 	n, grain, g := localNode(t)
-	first := make(chan any)
+	first := make(chan deliveryAnswer)
 	go func() {
 		a, _ := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery("first"))
 		first <- a
@@ -192,7 +192,7 @@ func TestAbandonedDeliveryIsNotSent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnreachable)
 	assert.ErrorIs(t, err, context.Canceled)
 	close(g.release)
-	assert.Equal(t, "first", (<-first).(*clusterpb.DeliverReply).Id)
+	assert.Equal(t, "first", (<-first).reply.Id)
 	batches := g.taken()
 	require.Len(t, batches, 1)
 	require.Len(t, batches[0], 1, "only the delivery still awaited is sent")
@@ -213,11 +213,7 @@ func TestBatchThatDeadLettersIsRetried(t *testing.T) {
 			defer wg.Done()
 			a, err := n.send(context.Background(), time.Now().Add(time.Minute), gone, "d", delivery(fmt.Sprint(i)))
 			assert.NoError(t, err)
-			switch a.(type) {
-			case *actor.DeadLetterResponse, notSent:
-			default:
-				t.Errorf("%d: answered %T, want a dead letter", i, a)
-			}
+			assert.Equal(t, notSent, a.outcome, "%d: a dead letter is not sent", i)
 		}()
 	}
 	wg.Wait()
@@ -230,7 +226,7 @@ func TestBatchThatDeadLettersIsRetried(t *testing.T) {
 // ErrUnreachable.
 func TestCutOffAnswersQueuedAsNotSent(t *testing.T) {
 	n, grain, g := localNode(t)
-	answers := make(chan any, 3)
+	answers := make(chan deliveryAnswer, 3)
 	for _, body := range []string{"a", "b", "c"} {
 		go func() {
 			a, _ := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery(body))
@@ -240,7 +236,7 @@ func TestCutOffAnswersQueuedAsNotSent(t *testing.T) {
 	require.Eventually(t, func() bool { return queued(&n.outboxes) == 3 }, 10*time.Second, time.Millisecond)
 	n.cutOff(n.system.Address())
 	for range 3 {
-		assert.IsType(t, notSent{}, <-answers)
+		assert.Equal(t, notSent, (<-answers).outcome)
 	}
 	close(g.release)
 	assert.Empty(t, n.calls.m)
@@ -267,13 +263,13 @@ func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
 	n, _, g := localNode(t)
 	close(g.release)
 	const graceful, crashed = "127.0.0.1:1", "127.0.0.1:2"
-	wait := func(address string) <-chan any {
-		out := make(chan any, 1)
-		id, c := n.calls.begin(address)
+	wait := func(address string) <-chan outcome {
+		out := make(chan outcome, 1)
+		id, c := n.calls.beginRequest(address)
 		go func() {
-			a, err := n.wait(context.Background(), time.Now().Add(time.Minute), id, c, nil)
+			a, err := n.awaitRequest(context.Background(), time.Now().Add(time.Minute), id, c)
 			assert.NoError(t, err)
-			out <- a
+			out <- a.outcome
 		}()
 		return out
 	}
@@ -287,8 +283,8 @@ func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
 	n.onTopology(&cluster.ClusterTopology{Left: []*cluster.Member{
 		{Host: "127.0.0.1", Port: 1}, {Host: "127.0.0.1", Port: 2},
 	}})
-	assert.IsType(t, notSent{}, <-a, "a call to a member that left gracefully")
-	assert.IsType(t, memberLeft{}, <-b, "a call to a member that did not say so")
+	assert.Equal(t, notSent, <-a, "a call to a member that left gracefully")
+	assert.Equal(t, memberLeft, <-b, "a call to a member that did not say so")
 
 	c := wait(graceful)
 	require.Eventually(t, func() bool {
@@ -297,7 +293,7 @@ func TestCutOffAfterAGracefulLeaveAnswersNotSent(t *testing.T) {
 		return len(n.calls.m) == 1
 	}, 10*time.Second, time.Millisecond)
 	n.cutOff(graceful)
-	assert.IsType(t, memberLeft{}, <-c, "the word was used when the member lists dropped it")
+	assert.Equal(t, memberLeft, <-c, "the word was used when the member lists dropped it")
 }
 
 // TestLeaveGivingUpAnswersEveryCall: when Leave's ctx ends before what is in
@@ -345,14 +341,14 @@ func TestLeaveGivingUpAnswersEveryCall(t *testing.T) {
 	}
 	select {
 	case a := <-wc.answer:
-		assert.Equal(t, nodeQuit{}, a, "a written delivery is answered as maybe sent")
+		assert.Equal(t, nodeQuit, a.outcome, "a written delivery is answered as maybe sent")
 	case <-time.After(10 * time.Second):
 		t.Fatal("a written delivery waiting when Leave gave up was not answered")
 	}
 
 	a, err := n.send(context.Background(), time.Now().Add(time.Minute), grain, "d", delivery("late"))
 	require.NoError(t, err)
-	assert.Equal(t, nodeQuit{unsent: true}, a, "a call begun after Leave gave up is answered at once")
+	assert.Equal(t, quitUnsent, a.outcome, "a call begun after Leave gave up is answered at once")
 	assert.Zero(t, queued(&n.outboxes), "and nothing is queued for it")
 	assert.Empty(t, n.calls.m)
 	_, err = n.DeliverResult(context.Background(), "d", codec.Message{Body: []byte("after")})

@@ -14,6 +14,8 @@ import (
 type topology struct {
 	version atomic.Uint64 // bumped by each update, after it
 	mu      sync.RWMutex
+	// Guarded by mu; each update replaces them whole, so a reader may keep
+	// what it read after it lets go.
 	rdv     *cluster.Rendezvous
 	members map[string]bool // addresses of the members that host Kind
 	list    []*cluster.Member
