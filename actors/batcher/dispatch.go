@@ -393,9 +393,10 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 // are returned with the entries to answer (answerDropped tells their
 // Listeners Forgotten). With StrictGroups a caller that left interrupts
 // its group (pause.go): the group's later entries in f are not sent either
-// but held, as are those it has queued and waiting. An entry the actor
-// claimed already (expired in flight, answered) stays, as it would have
-// if its caller had left after the request began.
+// but held, as are those it has queued and waiting; a later one the actor
+// claimed already (expired in flight, answered) is taken out unanswered.
+// An entry the actor claimed already whose own caller left stays, as it
+// would have if its caller had left after the request began.
 func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -420,8 +421,13 @@ func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry)
 				interrupted = append(interrupted, e)
 			}
 			continue
-		case strict && stopped[g] && !claimed:
-			held = append(held, e)
+		case strict && stopped[g]:
+			// A follower the actor answered already (expired in flight)
+			// is not sent either: it would be stored before the left
+			// entry's retry. Its answer said it may have been stored.
+			if !claimed {
+				held = append(held, e)
+			}
 			interrupted = append(interrupted, e)
 			continue
 		}
