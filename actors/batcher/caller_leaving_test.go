@@ -1,7 +1,10 @@
 package batcher
 
 import (
+	"fmt"
 	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,4 +62,62 @@ func firstDeliveries(keys []string) []string {
 		}
 	}
 	return out
+}
+
+// silentKeyed is keyed with a sender and no left flag: an actor's future,
+// which the driver asks about outside the lock (admission.ask).
+func silentKeyed(tenant, group string, n int, key string) *entry {
+	e := keyed(tenant, group, n, key)
+	e.to.sender = &actor.PID{Id: fmt.Sprint(tenant, "/", group, "/", n)}
+	return e
+}
+
+// Between admit, which leaves the silent callers to ask about to the
+// driver, and admitSwept, request goroutines run: what they change is
+// seen. A failure that paused the delivery's group meanwhile holds it
+// (GroupPausedError naming the failed key, and it joins the keys waited
+// for); the callers found gone free their room either way; an incarnation
+// that went down meanwhile does nothing more.
+func TestAnAdmissionLeftToTheDriverSeesWhatChangedMeanwhile(t *testing.T) {
+	s := strictSettings()
+	s.queueMax = 2
+	d := handoffDispatch(s)
+	now := int64(1000)
+	require.True(t, d.admit(keyed("a", "g", 1, "k1"), now, false).ok)
+	f, _ := launchAt(d, now)
+	require.Equal(t, []string{"a/g/1"}, refs(f.entries))
+	x1, x2 := silentKeyed("b", "h", 1, "x1"), silentKeyed("b", "h", 2, "x2")
+	require.True(t, d.admit(x1, now, false).ok)
+	require.True(t, d.admit(x2, now, false).ok)
+
+	e := keyed("a", "g", 2, "k2")
+	a := d.admit(e, now, true)
+	require.False(t, a.ok)
+	require.Equal(t, []string{"b/h/1", "b/h/2"}, refs(a.ask), "the queue is full: its silent callers are left to the driver")
+	assert.Equal(t, 2, d.q.queued, "nothing was done yet")
+
+	// Meanwhile k1's request fails retryably: g pauses keyed k1, and its
+	// goroutine takes x1 for its next request.
+	r := d.finishWith(f, now, failing(f, "k1"))
+	require.NotNil(t, r.next)
+	require.Equal(t, []string{"b/h/1"}, refs(r.next.entries))
+	a = d.admitSwept(e, now, a, []*entry{x2})
+	assert.True(t, a.paused, "k2 may not overtake k1's retry")
+	assert.Equal(t, "k1", a.waitFor)
+	assert.False(t, a.ok || a.waiting)
+	assert.Equal(t, []string{"b/h/2"}, refs(a.dropped), "x2's caller left: its room is freed")
+	assert.Equal(t, []string{"k1", "k2"}, waitsFor(d.q, "g"))
+	checkCounts(t, d.q)
+
+	// Down meanwhile: nothing is done, nothing is answered here.
+	for _, y := range []*entry{silentKeyed("c", "", 1, "y1"), silentKeyed("c", "", 2, "y2")} {
+		require.True(t, d.admit(y, now, false).ok)
+	}
+	e = keyed("a", "", 3, "n3")
+	a = d.admit(e, now, true)
+	require.Equal(t, []string{"c//1", "c//2"}, refs(a.ask))
+	d.markDown()
+	a = d.admitSwept(e, now, a, a.ask)
+	assert.Equal(t, admission{down: true}, a)
+	assert.Equal(t, 2, d.q.queued, "the restart finds and answers them")
 }
