@@ -1,6 +1,7 @@
 package actors_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -180,4 +181,68 @@ func TestABatchWhoseCallersAllLeftBeforeItsSendMakesNoRequest(t *testing.T) {
 	flushes := rec.Flushes()
 	require.Len(t, flushes, 1, "the request that was not made is not reported")
 	assert.Equal(t, 4, flushes[0].Entries)
+}
+
+// With WhenFull Block, a waiting actor's future that timed out (a caller
+// that can say nothing) gives its turn up when room frees: a Deliver
+// caller that cancels frees its room at once, and the waiter behind the
+// future takes it in the same turn, while the slot is still held.
+func TestAWaitingFutureThatTimedOutPassesTheFreedRoomOn(t *testing.T) {
+	const within = 10 * time.Second
+	system, inst := start(t, actors.Config{Name: "future-waits"})
+	c, v := valved("future-waits", codec.Limits{MaxEntries: 1, MaxBytes: 1 << 20},
+		codec.Tuning{Linger: time.Millisecond, MaxInflight: 1, QueueMax: 2, WhenFull: codec.Block})
+	plugged := plug(t, inst, c, v, within)
+	type answer struct {
+		id  string
+		err error
+	}
+	stays := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		id, err := inst.Deliver(ctx, c, codec.Message{Tenant: "t", Body: []byte("stays")})
+		stays <- answer{id, err}
+	}()
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 1 }, within, time.Millisecond)
+
+	qctx, cancelQ := context.WithCancel(context.Background())
+	defer cancelQ()
+	queued := make(chan error, 1)
+	go func() {
+		_, err := inst.Deliver(qctx, c, codec.Message{Tenant: "t", Body: []byte("queued")})
+		queued <- err
+	}()
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 2 }, within, time.Millisecond)
+
+	future := system.Root.RequestFuture(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Tenant: "t", Body: []byte("future")}, Deadline: time.Now().Add(within)}, 200*time.Millisecond)
+	require.Eventually(t, func() bool { return inst.Stats().Waiting == 1 }, within, time.Millisecond)
+	waiter := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		id, err := inst.Deliver(ctx, c, codec.Message{Tenant: "t", Body: []byte("waiter")})
+		waiter <- answer{id, err}
+	}()
+	require.Eventually(t, func() bool { return inst.Stats().Waiting == 2 }, within, time.Millisecond)
+	_, err := future.Result()
+	require.ErrorIs(t, err, actor.ErrTimeout, "the future gives up")
+
+	cancelQ()
+	require.ErrorIs(t, <-queued, context.Canceled)
+	if !assert.Eventually(t, func() bool { s := inst.Stats(); return s.Waiting == 0 && s.Queued == 2 }, 3*time.Second, time.Millisecond,
+		"the waiter behind the future that gave up takes the freed room while the slot is held") {
+		t.Logf("stats %+v", inst.Stats())
+	}
+	v.Open()
+	require.NoError(t, <-plugged)
+	for body, ch := range map[string]chan answer{"waiter": waiter, "stays": stays} {
+		a := <-ch
+		require.NoError(t, a.err, body)
+		assert.Equal(t, "id-"+body, a.id)
+	}
+	for _, m := range c.Sent() {
+		assert.NotEqual(t, "future", string(m.Body), "sent after its future gave up")
+		assert.NotEqual(t, "queued", string(m.Body), "sent after its caller cancelled")
+	}
 }

@@ -207,7 +207,7 @@ func (b *Batcher) receive(ctx actor.Context) {
 		}
 	case *done:
 	case *left:
-		b.answerDropped(b.d.sweep(b.now), b.now)
+		b.sweep()
 	case *tick:
 		b.armed = 0
 	case *Drain:
@@ -478,7 +478,7 @@ func (b *Batcher) advance(ctx actor.Context) {
 	b.launched = launched
 	b.answerDropped(dropped, b.now)
 	if st.sweepDue {
-		b.answerDropped(b.d.sweep(b.now), b.now)
+		b.sweep()
 	}
 	if st.expireDue {
 		late, held := b.d.expire(b.now)

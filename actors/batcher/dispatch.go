@@ -155,12 +155,32 @@ func (d *dispatch) admitSwept(e *entry, now int64, a admission, gone []*entry) a
 	}
 	a.ask = nil
 	defer d.rescue(&a.dropped)
+	markLeft(gone)
+	return d.admitRest(e, now, true, a)
+}
+
+// markLeft sets the left flag of gone, entries whose callers have no Room
+// to say they left with, which the driver found gone (see silent). Some may
+// have left the queue meanwhile (taken into a request): the flag changes
+// nothing there. d.mu must be held.
+func markLeft(gone []*entry) {
 	for _, x := range gone {
 		if x.left == nil {
 			x.left = leftWord
 		}
 	}
-	return d.admitRest(e, now, true, a)
+}
+
+// silent returns the queued and waiting entries whose callers can say
+// nothing of their leaving (queue.silent), for the driver to ask about
+// outside the lock and hand to sweepGone; nil once down.
+func (d *dispatch) silent() []*entry {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down || d.q.queued+d.q.waits.n == 0 {
+		return nil
+	}
+	return d.q.silent(nil)
 }
 
 // admitRest is admit from e's first try onward: a sweep for room if that
@@ -523,12 +543,18 @@ func (d *dispatch) inherited() bool {
 
 // sweep removes every queued entry whose deadline has passed or whose
 // caller is gone, and returns them.
-func (d *dispatch) sweep(now int64) []*entry {
+func (d *dispatch) sweep(now int64) []*entry { return d.sweepGone(now, nil) }
+
+// sweepGone is sweep, where gone are entries of silent whose callers the
+// driver found gone, outside the lock: they are dropped with the others
+// (a waiter among them passes its turn on).
+func (d *dispatch) sweepGone(now int64, gone []*entry) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
 		return nil // the queue may be half changed; the restart answers it
 	}
+	markLeft(gone)
 	var dropped []*entry
 	defer d.rescue(&dropped)
 	dropped = d.q.sweep(now)

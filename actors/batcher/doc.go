@@ -72,8 +72,9 @@
 // rules (dispatch.leave), which take them out of the batch unsent. The
 // process registry is asked about an actor's sender (which has no Room to
 // say it left with) on the actor, outside the lock, when a full queue is
-// swept for room (admission.ask, admitSwept). A panic in Listening
-// restarts the batcher.
+// swept for room (admission.ask, admitSwept) and before each sweep the
+// actor makes for deadlines and for callers that left (Batcher.sweep,
+// dispatch.sweepGone). A panic in Listening restarts the batcher.
 //
 // A restart makes a new Batcher with a new dispatch. The crashed one is down
 // from the moment it panics: its request goroutines finish their requests

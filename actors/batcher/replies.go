@@ -259,6 +259,19 @@ func (b *Batcher) silentGone(es []*entry) []*entry {
 	return gone
 }
 
+// sweep sweeps the queue and the waiting list (dispatch.sweepGone) and
+// answers what that drops. The callers that can say nothing of their
+// leaving (an actor's future) are asked about first, here on the actor and
+// outside the rules' lock, so that a waiter among them whose caller left
+// passes its turn and its room on.
+func (b *Batcher) sweep() {
+	var gone []*entry
+	if es := b.d.silent(); len(es) > 0 {
+		gone = b.silentGone(es)
+	}
+	b.answerDropped(b.d.sweepGone(b.now, gone), b.now)
+}
+
 // answerDropped answers the entries the queue dropped at now: those its
 // group held back for a retry (pause.go) get GroupPausedError; those whose
 // deadline passed get errExpired (if their caller still listens: see
