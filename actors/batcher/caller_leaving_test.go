@@ -31,7 +31,8 @@ func TestStrictALeftEntryIsNotOvertakenByAFollowerThatExpiredInFlight(t *testing
 	late, _ := d.expire(now + 10)
 	require.Equal(t, []string{"a/g/2"}, refs(late))
 	// Then the request goroutine finds k1's caller gone.
-	d.leave(f, []bool{true, false}, now+10)
+	_, panicked := d.leave(f, []bool{true, false}, now+10)
+	require.Nil(t, panicked)
 
 	var stored []string
 	for _, e := range f.entries {
@@ -120,4 +121,38 @@ func TestAnAdmissionLeftToTheDriverSeesWhatChangedMeanwhile(t *testing.T) {
 	a = d.admitSwept(e, now, a, a.ask)
 	assert.Equal(t, admission{down: true}, a)
 	assert.Equal(t, 2, d.q.queued, "the restart finds and answers them")
+}
+
+// A fault in the rules as a request goroutine takes its batch's gone
+// callers out (dispatch.leave) does not end the process: the panic is
+// returned, the incarnation is down, and the batch is whole for the
+// restart, which answers each of its callers once.
+func TestAFaultInTheRulesAsCallersLeaveLeavesTheBatchToTheRestart(t *testing.T) {
+	s := strictSettings()
+	s.maxEntries = 10
+	d := handoffDispatch(s)
+	now := int64(1000)
+	for _, e := range []*entry{keyed("a", "g", 1, "k1"), keyed("a", "g", 2, "k2"), keyed("a", "h", 1, "h1")} {
+		require.True(t, d.admit(e, now, false).ok)
+	}
+	f, _ := launchAt(d, now)
+	require.Len(t, f.entries, 3)
+	before := refs(f.entries)
+	gone := make([]bool, 3)
+	for i, e := range f.entries {
+		gone[i] = e.msg.IdempotencyKey == "k1"
+	}
+	// The fault: the batch's last entry lost its message by the time its
+	// group is looked up, after the gone one was taken out.
+	f.entries[2].msg = nil
+
+	var dropped []*entry
+	var panicked any
+	require.NotPanics(t, func() { dropped, panicked = d.leave(f, gone, now) })
+	assert.NotNil(t, panicked)
+	assert.Empty(t, dropped, "nothing is answered here")
+	assert.True(t, d.down)
+	assert.Equal(t, before, refs(f.entries), "the batch is whole")
+	assert.Len(t, f.claims, 3)
+	assert.ElementsMatch(t, []string{"a/g/1", "a/g/2", "a/h/1"}, refs(d.abandon(now, false)), "what the restart answers")
 }

@@ -417,21 +417,31 @@ func (d *dispatch) finishWith(f *inflight, now int64, o outcome) (r finished) {
 // claimed already (expired in flight, answered) is taken out unanswered.
 // An entry the actor claimed already whose own caller left stays, as it
 // would have if its caller had left after the request began.
-func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry) {
+func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry, panicked any) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
-		return nil // f stays whole: the restart answers it
+		return nil, nil // f stays whole: the restart answers it
 	}
+	defer func() {
+		// A fault in the rules on a request goroutine, as in finishWith:
+		// it is returned, the incarnation is down, and f, which changes
+		// only once the rules are done, is whole for the restart.
+		if p := recover(); p != nil {
+			dropped, panicked = nil, p
+			d.down = true
+		}
+	}()
 	var stopped map[string]bool // groups whose entry in f left
 	var interrupted, held []*entry
-	k := 0
+	out := make([]bool, len(f.entries)) // taken out of f
 	for i, e := range f.entries {
 		claimed := f.claims[i].Load()
 		g := e.msg.Group
 		strict := d.q.s.strict && g != ""
 		switch {
 		case gone[i] && !claimed:
+			out[i] = true
 			dropped = append(dropped, e)
 			if strict {
 				if stopped == nil {
@@ -440,35 +450,39 @@ func (d *dispatch) leave(f *inflight, gone []bool, now int64) (dropped []*entry)
 				stopped[g] = true
 				interrupted = append(interrupted, e)
 			}
-			continue
 		case strict && stopped[g]:
 			// A follower the actor answered already (expired in flight)
 			// is not sent either: it would be stored before the left
 			// entry's retry. Its answer said it may have been stored.
+			out[i] = true
 			if !claimed {
 				held = append(held, e)
 			}
 			interrupted = append(interrupted, e)
+		}
+	}
+	if len(interrupted) > 0 {
+		queued, _ := d.q.interrupt(interrupted, now)
+		for _, e := range held {
+			e.heldBy = d.q.paused.m[e.msg.Group].keys[0].key
+		}
+		dropped = append(append(dropped, held...), queued...)
+		if len(queued) > 0 && d.q.waits.n > 0 {
+			dropped = append(dropped, d.q.promote(now)...)
+		}
+	}
+	k := 0
+	for i, e := range f.entries {
+		if out[i] {
 			continue
 		}
 		f.entries[k] = e
-		f.claims[k].Store(claimed)
+		f.claims[k].Store(f.claims[i].Load())
 		k++
 	}
 	clear(f.entries[k:])
 	f.entries, f.claims = f.entries[:k], f.claims[:k]
-	if len(interrupted) == 0 {
-		return dropped
-	}
-	queued, _ := d.q.interrupt(interrupted, now)
-	for _, e := range held {
-		e.heldBy = d.q.paused.m[e.msg.Group].keys[0].key
-	}
-	dropped = append(append(dropped, held...), queued...)
-	if len(queued) > 0 && d.q.waits.n > 0 {
-		dropped = append(dropped, d.q.promote(now)...)
-	}
-	return dropped
+	return dropped, nil
 }
 
 // relinger sets how long a batch lingers now (linger.go). d.mu must be

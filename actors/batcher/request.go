@@ -37,8 +37,8 @@ func (b *Batcher) run(f *inflight) {
 		o := outcome{skipped: true}
 		switch {
 		case panicked != nil:
-			// A Listener panicked: the incarnation is down, and the
-			// restart answers f's callers.
+			// A Listener or the rules panicked: the incarnation is
+			// down, and the restart answers f's callers.
 			b.d.markDown()
 			f.cancel()
 		case len(f.entries) == 0:
@@ -78,7 +78,8 @@ func (b *Batcher) run(f *inflight) {
 // Listener's Listening, or the process registry for an actor's sender),
 // here on the request goroutine and outside every lock, and takes those
 // that left out of f (dispatch.leave), answering what that drops. A panic
-// in a Listener's code is returned, with f untouched.
+// in a Listener's code, or in the rules as they take the callers out, is
+// returned, with f untouched.
 func (b *Batcher) dropLeft(f *inflight, buf *buffers) (panicked any) {
 	n := len(f.entries)
 	if cap(buf.gone) < n {
@@ -97,8 +98,9 @@ func (b *Batcher) dropLeft(f *inflight, buf *buffers) (panicked any) {
 		return panicked
 	}
 	now := mono.Now()
-	b.answerDropped(b.d.leave(f, gone, now), now)
-	return nil
+	dropped, panicked := b.d.leave(f, gone, now)
+	b.answerDropped(dropped, now)
+	return panicked
 }
 
 // flushed reports a batch to the Recorder. A panic there is logged, not

@@ -219,7 +219,11 @@ func (h *sgHarness) leave(v int) {
 		h.asked[f] = true
 		gone := make([]bool, len(f.entries))
 		gone[i] = true
-		for _, x := range h.owner(f).leave(f, gone, h.now) {
+		dropped, panicked := h.owner(f).leave(f, gone, h.now)
+		if panicked != nil {
+			h.t.Fatalf("leave panicked: %v", panicked)
+		}
+		for _, x := range dropped {
 			h.answer(x, false, "left before its request")
 		}
 		return

@@ -619,7 +619,8 @@ func TestStrictACallerThatLeftBeforeItsRequestHoldsItsGroup(t *testing.T) {
 			f.claims[i].Store(true) // the actor answered it: expired in flight
 		}
 	}
-	dropped := d.leave(f, gone, now)
+	dropped, panicked := d.leave(f, gone, now)
+	require.Nil(t, panicked)
 	assert.Equal(t, []string{"a/h/1"}, refs(f.entries), "sent: the other group; not g's follower the actor answered already")
 	assert.Len(t, f.claims, len(f.entries))
 	assert.False(t, f.claims[0].Load())
@@ -638,7 +639,7 @@ func TestStrictACallerThatLeftBeforeItsRequestHoldsItsGroup(t *testing.T) {
 	}
 	f, _ = launchAt(d, now)
 	require.Equal(t, []string{"a/g/1", "a/g/2"}, refs(f.entries))
-	dropped = d.leave(f, []bool{true, false}, now)
+	dropped, _ = d.leave(f, []bool{true, false}, now)
 	assert.Equal(t, []string{"a/g/2"}, refs(f.entries))
 	assert.Equal(t, []string{"a/g/1"}, refs(dropped))
 }
