@@ -246,3 +246,59 @@ func TestAWaitingFutureThatTimedOutPassesTheFreedRoomOn(t *testing.T) {
 		assert.NotEqual(t, "queued", string(m.Body), "sent after its caller cancelled")
 	}
 }
+
+// A Listener that panics when the actor asks about it outside the rules'
+// lock, as a full queue is swept for room (the callers with no Room to say
+// they left), restarts the batcher with nothing half done: the delivery
+// that needed room and the queued ones are each answered once,
+// ErrBatcherDown, and none of them is sent (the request in flight runs on).
+func TestAListeningPanicWhileAFullQueueIsSweptAnswersEveryCallerOnce(t *testing.T) {
+	const within = 10 * time.Second
+	system, inst := start(t, actors.Config{Name: "panics-on-sweep"})
+	c, v := valved("panics-on-sweep", codec.Limits{MaxEntries: 1, MaxBytes: 1 << 20},
+		codec.Tuning{Linger: time.Millisecond, MaxInflight: 1, QueueMax: 2})
+	plugged := plug(t, inst, c, v, within)
+	p := &panicsBeforeSend{victim: 1, asked: map[uint32]int{}, answers: map[uint32][]codec.Result{}, answered: make(chan struct{}, 8)}
+	send := func(i uint32) {
+		sender := actor.NewPID(system.Address(), "panics-on-sweep")
+		sender.RequestId = i
+		system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Tenant: "t", Body: []byte(fmt.Sprint(i))}, Ref: &actors.Direct{Listener: p, Sender: sender}})
+	}
+	send(1)
+	send(2)
+	require.Eventually(t, func() bool { return inst.Stats().Queued == 2 }, within, time.Millisecond)
+	// The next delivery finds the queue full; past fullSweepEvery it asks
+	// about the queued callers: call 1's Listening panics.
+	require.Eventually(t, func() bool {
+		send(3)
+		select {
+		case <-p.answered:
+		case <-time.After(within):
+			return false // call 3 unanswered
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.asked[1] >= 2
+	}, within, 20*time.Millisecond)
+	for range 2 {
+		select {
+		case <-p.answered:
+		case <-time.After(within):
+			t.Fatal("a queued call was not answered")
+		}
+	}
+	v.Open()
+	require.ErrorIs(t, <-plugged, messages.ErrBatcherDown, "the restart answers the request in flight too")
+	require.Eventually(t, func() bool { s := inst.Stats(); return s.Queued+s.InFlight == 0 }, within, time.Millisecond)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := uint32(1); i <= 2; i++ {
+		require.Len(t, p.answers[i], 1, "call %d answered once", i)
+		assert.Equal(t, messages.ErrBatcherDown, p.answers[i][0].Err, "call %d", i)
+	}
+	last := p.answers[3][len(p.answers[3])-1]
+	assert.Equal(t, messages.ErrBatcherDown, last.Err, "the delivery that needed room")
+	for _, m := range c.Sent() {
+		assert.Equal(t, "plug", string(m.Body))
+	}
+}
