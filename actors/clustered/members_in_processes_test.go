@@ -56,6 +56,49 @@ func (p *processes) checkHandOff(t *testing.T, what string, l *load) {
 	assert.Empty(t, l.errs, "first of each: %v", l.first)
 }
 
+// maxUnreachableAnswer bounds how long after a member's death a caller
+// waits for its delivery the member held to be answered ErrUnreachable:
+// the other members learn of the death when its connections break, not at
+// the deliveries' deadlines (loadDeadline).
+const maxUnreachableAnswer = 2 * time.Second
+
+// TestAKilledOwnerLosesNothingAcknowledged kills (SIGKILL) a member that
+// owns destinations while the two others deliver to them. Nothing
+// acknowledged is missing at the server nor out of its caller's order,
+// the deliveries the dead member held are answered ErrUnreachable within
+// maxUnreachableAnswer of its death, every error is ErrUnreachable, and
+// deliveries succeed again once the others drop it.
+func TestAKilledOwnerLosesNothingAcknowledged(t *testing.T) {
+	p, loaders := startLoaded(t, 0, 1, 2)
+	victim := p.members[2]
+	killed := time.Now()
+	victim.kill(t)
+	p.waitMembers(t, 2, loaders...)
+	p.successes(t, loaders, 100)
+	l := p.finish(t, loaders)
+
+	l.checkCrashed(t, p.w)
+	var held int
+	var slowest, slowestLater attempt
+	for _, a := range l.failed {
+		switch {
+		case a.Class != "unreachable":
+		case a.Start.Before(killed):
+			held++
+			if a.End.After(slowest.End) {
+				slowest = a
+			}
+		case a.End.Sub(a.Start) > slowestLater.End.Sub(slowestLater.Start):
+			slowestLater = a
+		}
+	}
+	t.Logf("kill -9: %d delivered, errors %v; of those in flight at the kill, %d answered ErrUnreachable, the last %v after it; slowest begun later: %v (%q)",
+		len(l.acked), l.errs, held, slowest.End.Sub(killed), slowestLater.End.Sub(slowestLater.Start), slowestLater.Err)
+	assert.Positive(t, held, "no delivery in flight at the kill was answered ErrUnreachable")
+	assert.LessOrEqual(t, slowest.End.Sub(killed), maxUnreachableAnswer, "a delivery the dead member held was answered late: %q", slowest.Err)
+	p.quit(t)
+}
+
 // TestMalformedWireInputLeavesTheProcessServing sends a member in a
 // process of its own, over protoactor's gRPC service, envelopes that
 // panic protoactor's receive path or do not decode. The member ends only
