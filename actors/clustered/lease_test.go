@@ -2,9 +2,11 @@ package clustered
 
 import (
 	"context"
+	"log/slog"
 	"reflect"
 	"testing"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,6 +41,30 @@ func TestTheLeaseHoldsWhilePeersConfirm(t *testing.T) {
 	assert.False(t, l.holds(), "excluded")
 	l.topology(map[string]string{})
 	assert.False(t, l.holds(), "excluded for good")
+}
+
+// TestALeaseDoesNotWaitForAMemberThatLeftGracefully: a member that said it
+// left gracefully (its HandoffDone naming no destination) and then gives
+// no confirmation, as it does once its actor system stops, does not make
+// the lease lapse while the member lists still hold it; it is probed no
+// more, and its answers are not taken.
+func TestALeaseDoesNotWaitForAMemberThatLeftGracefully(t *testing.T) {
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
+	n := &Node{system: system, lease: newLease(), leftOK: map[string]bool{}}
+	l := n.lease
+	l.topology(map[string]string{"stays": "127.0.0.1:2", "leaves": "127.0.0.1:3"})
+	confirm := func(address string, sent int64) {
+		l.answer(address, "me", &clusterpb.LeaseAnswer{MemberId: "me", SentNanos: sent, Includes: true})
+	}
+	confirm("127.0.0.1:2", l.now())
+	// The leaver's last confirmation is older than leaseTTL.
+	confirm("127.0.0.1:3", l.now()-int64(leaseTTL)-1)
+	require.False(t, l.holds(), "a confirmation older than leaseTTL")
+	n.onLeft("127.0.0.1:3")
+	assert.True(t, l.holds(), "the lease waits for a member that left gracefully")
+	assert.Equal(t, map[string]string{"stays": "127.0.0.1:2"}, l.targets())
+	l.answer("127.0.0.1:3", "me", &clusterpb.LeaseAnswer{MemberId: "me", SentNanos: l.now()})
+	assert.True(t, l.holds(), "the leaver's answer was taken")
 }
 
 // TestAFencedCodecMakesNoRequestWithoutTheLease: the codec the instance is
