@@ -5,11 +5,13 @@ import (
 	"log/slog"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/actors/clustered/clusterpb"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
@@ -85,4 +87,41 @@ func TestAFencedCodecMakesNoRequestWithoutTheLease(t *testing.T) {
 	_, err = c.SendBatch(context.Background(), []codec.Message{{Body: []byte("b")}})
 	require.ErrorIs(t, err, ErrUnreachable)
 	assert.Len(t, fake.Sent(), 1, "a request was made without the lease")
+}
+
+// TestABatchTheFenceRefusedIsAnsweredNotSent: a delivery whose batch the
+// fenced codec refused as its request was about to begin (the lease had
+// run out: nothing was sent) is answered "not the owner", and its caller
+// tries again, as for a delivery dropped for want of the lease; not
+// ErrUnreachable, which would tell it the message may have been sent.
+func TestABatchTheFenceRefusedIsAnsweredNotSent(t *testing.T) {
+	discard := slog.New(slog.DiscardHandler)
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return discard }))
+	inst, err := actors.Start(system, actors.Config{Logger: discard})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, inst.Stop(context.Background())) }()
+	n, err := New(system, Config{Instance: inst, Destinations: Destinations{"d": fakecodec.New("d", codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})}, Logger: discard})
+	require.NoError(t, err)
+	got := make(chan *clusterpb.DeliverReply, 1)
+	caller := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if r, ok := c.Message().(*clusterpb.DeliverReplies); ok {
+			got <- r.Replies[0]
+		}
+	}))
+	defer system.Root.Stop(caller)
+	h := &held{destination: "d"}
+	h.pending.Store(1)
+	h.open.Store(1)
+	a := newAdmitted()
+	a.n, a.held, a.replyTo, a.call = n, h, caller, 7
+	a.Answer(nil, codec.Result{Err: errLeaseLapsed})
+	select {
+	case r := <-got:
+		assert.Equal(t, uint32(7), r.Call)
+		assert.True(t, r.NotOwner, "answered %v", r.Error)
+		assert.Nil(t, r.Error)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer")
+	}
+	assert.Zero(t, h.pending.Load(), "not counted answered in the ledger")
 }
