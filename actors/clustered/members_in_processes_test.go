@@ -36,20 +36,46 @@ import (
 // nothing acknowledged is missing.
 func TestJoinHandsOffBetweenProcesses(t *testing.T) {
 	p, loaders := startLoaded(t, 0, 1)
+	joined := time.Now()
 	p.start(t, 2)
 	p.waitMembers(t, 3, p.members...)
 	p.successes(t, loaders, 100)
-	p.checkHandOff(t, "join", p.finish(t, loaders))
+	p.checkHandOff(t, "join", joined, p.finish(t, loaders))
 	p.quit(t)
 }
 
-// checkHandOff asserts what a hand-off promises a load's callers: no group
-// ever had two requests in flight at the server, every caller's order
-// held, every delivery succeeded, nothing acknowledged is missing.
-func (p *processes) checkHandOff(t *testing.T, what string, l *load) {
+// TestLeaveHandsOffBetweenProcesses: a member leaves gracefully while the
+// two others deliver, concurrently for each ordering group, to
+// destinations some of which it owned. No group ever has two requests in
+// flight, order holds, every delivery succeeds, nothing acknowledged is
+// missing.
+func TestLeaveHandsOffBetweenProcesses(t *testing.T) {
+	p, loaders := startLoaded(t, 0, 1, 2)
+	leaver := p.members[2]
+	left := time.Now()
+	leaver.say(t, "leave")
+	leaver.await(t, "left", time.Minute)
+	p.waitMembers(t, 2, loaders...)
+	p.successes(t, loaders, 100)
+	p.checkHandOff(t, "leave", left, p.finish(t, loaders))
+	p.quit(t)
+}
+
+// checkHandOff asserts what a hand-off that began at began promises a
+// load's callers: no group ever had two requests in flight at the server,
+// every caller's order held, every delivery succeeded, nothing
+// acknowledged is missing.
+func (p *processes) checkHandOff(t *testing.T, what string, began time.Time, l *load) {
 	t.Helper()
 	missing, violations := l.check(p.w)
 	t.Logf("%s: %d delivered, %d requests", what, len(l.acked), p.w.requests.Load())
+	for i, a := range l.failed {
+		if i == 5 {
+			t.Logf("and %d more failed", len(l.failed)-i)
+			break
+		}
+		t.Logf("failed: began %v after the %s began, took %v: %s", a.Start.Sub(began), what, a.End.Sub(a.Start), a.Err)
+	}
 	assert.Zero(t, p.w.overlaps.Load(), "requests of one group in flight at once")
 	assert.Zero(t, violations, "order violations")
 	assert.Zero(t, missing, "acknowledged but missing")
