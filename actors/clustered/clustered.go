@@ -368,6 +368,7 @@ func (n *Node) onLeft(address string) {
 	n.cutMu.Lock()
 	n.leftOK[address] = true
 	n.cutMu.Unlock()
+	n.lease.left(address)
 }
 
 // onCut takes protoactor's word that the connection to address is lost or

@@ -1,6 +1,7 @@
 package clustered
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -504,9 +505,16 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	}
 	n, h := a.n, a.held
 	a.settled()
-	if a.here {
+	switch {
+	case errors.Is(r.Err, errLeaseLapsed) && a.here:
+		// Not sent (the fenced codec made no request): its caller tries
+		// again, as for a delivery dropped for want of the lease.
+		n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
+	case errors.Is(r.Err, errLeaseLapsed):
+		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+	case a.here:
 		n.direct.answer(a.hereCall, a.token, r)
-	} else {
+	default:
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}
 	n.apply(n.ledger.answered(h))
