@@ -941,8 +941,10 @@ func (r *Relay) sweepSent(ctx context.Context) {
 
 // ExplainClaim returns PostgreSQL's plan for this relay's claim of
 // ClaimBatch rows, to check that it stays an index scan at the table's
-// size. With analyze, the claim runs (EXPLAIN ANALYZE) inside a
-// transaction that is rolled back, and the plan carries its timings.
+// size. The plan is made in a transaction set up as a claim's (the claim
+// lock, no explicit sorts). With analyze, the claim runs (EXPLAIN ANALYZE)
+// inside that transaction, which is rolled back, and the plan carries its
+// timings.
 func (r *Relay) ExplainClaim(ctx context.Context, analyze bool) (string, error) {
 	tx, err := r.cfg.DB.Begin(ctx)
 	if err != nil {
