@@ -336,6 +336,11 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
 	case yielding:
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, NotOwner: true})
+		if !g.owned() && !g.n.leaving.Load() {
+			// The caller's member list still names this member: it
+			// comes back here, and must find the grain, not its stop.
+			g.after(ctx, yieldLinger, stopTick{})
+		}
 	case waiting:
 		if len(g.buffered) >= maxBuffered {
 			g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(&messages.RetryAfterError{After: handoffRetry, Reason: messages.FullEntries})})
