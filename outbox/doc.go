@@ -16,12 +16,13 @@
 //
 // A relay claims rows in row order (id order), a batch at a time, with
 // SELECT … FOR UPDATE SKIP LOCKED and a lease: the claim sets the row's
-// owner and claim and moves its available_at to the end of the lease
-// (Config.Lease), and counts an attempt. Each claimed row is delivered as
-// its own message (IdempotencyKey: the row's, or its id when empty) with a
+// owner, claim and lease_until (the end of the lease, Config.Lease),
+// counts an attempt, and records in the side table table_leases a lease
+// of each group it took rows of. Each claimed row is delivered as its own
+// message (IdempotencyKey: the row's, or its id when empty) with a
 // deadline before its lease ends, and its result is written, in batches
-// (one statement per kind of result per Config.FlushInterval or FlushRows),
-// only once it is known:
+// (one statement per kind of result, in the next claim's round trip or
+// after Config.FlushInterval or FlushRows), only once it is known:
 //   - accepted: the row is deleted, or with Config.KeepSent marked sent
 //     (state 1) with its message id, and deleted KeepSent later;
 //   - permanent (codec.IsPermanent): the row is dead (state 2) with the
@@ -49,10 +50,13 @@
 // rows of one group are added through Enqueue (which serialises the
 // transactions that add to one group, so ids follow commit order). Rows
 // with an empty Group are unordered. How it holds:
-//   - A claim takes a row only if no earlier unsent row of its group is
-//     leased by another relay or waiting out a backoff; so one relay at a
-//     time holds a group's unsent rows, and a row put back blocks the rows
-//     after it until it is claimed again, first.
+//   - A claim takes a row only if no earlier unsent row of its group
+//     waits out a backoff, and no other relay's live lease on the group
+//     began at an earlier row; so one relay at a time holds a group's
+//     unsent rows, and a row put back blocks the rows after it until it
+//     is claimed again, first. A claim's lease on a group lasts until the
+//     last of the claim's rows of the group is written (the same
+//     transaction deletes it), or until the lease ends.
 //   - A relay hands a group's rows to its OrderedSender in row order from
 //     one goroutine, many at once, so a hot group still fills requests;
 //     sinkbatch keeps admission order within a group and, with
@@ -74,12 +78,18 @@
 //
 // # Cost
 //
-// The database sees one claim per Config.ClaimBatch rows and one or two
-// result writes per flush, each one round trip, whatever the row count;
-// the claim walks a partial index of the unsent rows (state = 0), so its
-// cost follows what is unsent, not the table's size. Relay.ExplainClaim
-// shows the claim's plan on a given table; Relay.Stats counts the
-// statements.
+// The database sees one claim per Config.ClaimBatch rows and up to three
+// result writes per flush (sent, put back or dead, leases released),
+// whatever the row count; under load the writes ride in the next claim's
+// round trip. The claim walks a partial index of the unsent rows
+// (state = 0) in id order and stops when it has its rows (its transaction
+// turns off explicit sorts, so that a misjudged row count cannot turn the
+// walk into a sort of every unsent row), so its cost follows what is
+// unsent before it, not the table's size. It writes no indexed column, so
+// that a claimed row's new version is a HOT update (the table keeps
+// fillfactor 40 for it), and it finds the groups other relays hold in
+// table_leases, not by reading their leased rows. Relay.ExplainClaim shows
+// the claim's plan on a given table; Relay.Stats counts the statements.
 //
 // # Shutdown
 //

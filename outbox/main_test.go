@@ -99,7 +99,7 @@ var tableSeq struct {
 	n int
 }
 
-// newTable creates a table of its own for one test.
+// newTable creates a table of its own (and its table of leases) for one test.
 func newTable(t testing.TB, db *pgxpool.Pool) string {
 	t.Helper()
 	tableSeq.Lock()
@@ -110,6 +110,8 @@ func newTable(t testing.TB, db *pgxpool.Pool) string {
 	if err := createTable(ctx, db, name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = db.Exec(context.Background(), "DROP TABLE IF EXISTS "+name) })
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %[1]s, %[1]s_leases", name))
+	})
 	return name
 }

@@ -30,13 +30,20 @@ FROM generate_series(1, $1::bigint) AS i`, table), n)
 }
 
 // requireIndexScan fails unless the claim walks table's partial index of
-// unsent rows in id order (the scan aliased o_1 in the plan), and nothing
-// reads table by a sequential or bitmap scan.
+// unsent rows in id order (the scan aliased o in the plan) with no sort
+// of the rows it takes, and nothing reads table by a sequential or bitmap
+// scan. (The small side table of leases, table_leases, may be read whole.)
 func requireIndexScan(t testing.TB, plan, table string) {
 	t.Helper()
-	require.Regexp(t, regexp.MustCompile(`Index Scan using `+table+`_unsent on `+table+` o_1 `), plan)
-	require.NotContains(t, plan, "Seq Scan on "+table)
-	require.NotContains(t, plan, "Bitmap Heap Scan on "+table)
+	require.Regexp(t, claimScan(table), plan)
+	require.NotContains(t, plan, "Sort Key: o.id")
+	require.NotContains(t, plan, "Seq Scan on "+table+" ")
+	require.NotContains(t, plan, "Bitmap Heap Scan on "+table+" ")
+}
+
+// claimScan matches the claim's walk of table's unsent rows in id order.
+func claimScan(table string) *regexp.Regexp {
+	return regexp.MustCompile(`Index Scan using ` + table + `_unsent on ` + table + ` o `)
 }
 
 func TestTheClaimIsAnIndexScan(t *testing.T) {
@@ -55,7 +62,7 @@ func TestTheClaimIsAnIndexScan(t *testing.T) {
 	require.NoError(t, err)
 	plan, err = r.ExplainClaim(context.Background(), false)
 	require.NoError(t, err)
-	assert.NotRegexp(t, regexp.MustCompile(`Index Scan using `+table+`_unsent on `+table+` o_1 `), plan)
+	assert.NotRegexp(t, claimScan(table), plan)
 }
 
 // BenchmarkClaimAtTenMillionRows claims ClaimBatch rows of a table of 10
@@ -69,12 +76,13 @@ func BenchmarkClaimAtTenMillionRows(b *testing.B) {
 	ctx := context.Background()
 	var have int64
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&have); err != nil || have != n {
-		_, _ = db.Exec(ctx, "DROP TABLE IF EXISTS "+table)
+		_, _ = db.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s, %[1]s_leases", table))
 		require.NoError(b, outbox.CreateTable(ctx, db, table))
 		start := time.Now()
 		fillSent(b, db, table, n)
 		b.Logf("filled %d rows in %v", n, time.Since(start).Round(time.Second))
 	}
+	require.NoError(b, outbox.CreateTable(ctx, db, table)) // a table kept from an earlier version gets what it lacks
 	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: &scripted{answers: []error{nil}}})
 	require.NoError(b, err)
 	plan, err := r.ExplainClaim(ctx, true)

@@ -100,6 +100,7 @@ type Relay struct {
 	// Set by New, then read only.
 	cfg     Config
 	table   string // quoted
+	leases  string // the side table of group leases, quoted
 	lockKey int64
 	// owner is this Run's id in the owner column: new for each Run, so
 	// that rows a previous Run left claimed block their groups like any
@@ -188,6 +189,7 @@ func New(cfg Config) (*Relay, error) {
 		wake:    make(chan struct{}, 1),
 	}
 	r.table, _ = ident(cfg.Table)
+	r.leases = leasesTable(cfg.Table)
 	if o, ok := cfg.Sender.(OrderedSender); ok {
 		r.sender = o
 	} else {
@@ -244,16 +246,30 @@ type pendingRow struct {
 	claim    int64
 	attempts int
 	group    groupKey
+	lease    *lease    // its claim's lease on its group; nil without a group
 	deadline time.Time // when the Sender stops trying
 	// Touched only by Run's loop:
 	answered bool // its answer is recorded (or it was put back unsent)
 	begun    bool // handed to the Sender
+	recorded bool // a result of it is in the marks (written, or to be)
 
 	destination string
 	message     codec.Message
 }
 
 type groupKey struct{ destination, group string }
+
+// lease is one claim's hold on one group: a row of the leases table,
+// which keeps other relays' claims from the group's rows after the
+// claim's first row of it. Its rows are the claim's rows of the group
+// whose result is not in the marks yet; the write that records the last
+// of them deletes the lease's row, in the same transaction. Touched only
+// by Run's loop.
+type lease struct {
+	claim int64
+	group groupKey
+	rows  int
+}
 
 // window is what a relay holds of one (destination, group). Every row
 // begun while the window is open gets the window's deadline, so a later
@@ -280,14 +296,17 @@ type marks struct {
 	undo                []int32
 	dead                []bool
 	errs                []string
-	since               time.Time // when the oldest waiting result came
+	// leases whose last row is among the results above: deleted with them
+	released []*lease
+	since    time.Time // when the oldest waiting result came
 }
 
-func (m *marks) len() int { return len(m.sentIDs) + len(m.ids) }
+func (m *marks) len() int { return len(m.sentIDs) + len(m.ids) + len(m.released) }
 
 func (m *marks) reset() {
 	m.sentIDs, m.sentMsg = m.sentIDs[:0], m.sentMsg[:0]
 	m.ids, m.claims, m.delays, m.undo, m.dead, m.errs = m.ids[:0], m.claims[:0], m.delays[:0], m.undo[:0], m.dead[:0], m.errs[:0]
+	m.released = m.released[:0]
 }
 
 // loop is Run's state, touched only by Run's goroutine.
@@ -322,8 +341,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	// written).
 	r.inflight.Store(0)
 	r.runs++
-	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.table)); err != nil {
-		return fmt.Errorf("sinkbatch/outbox: table %s: %w", r.cfg.Table, err)
+	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT lease_until FROM %s LIMIT 0`, r.table)); err != nil {
+		return fmt.Errorf("sinkbatch/outbox: table %s (CreateTable makes it, or adds what a table of an earlier version lacks): %w", r.cfg.Table, err)
+	}
+	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.leases)); err != nil {
+		return fmt.Errorf("sinkbatch/outbox: table %s_leases (CreateTable makes it): %w", r.cfg.Table, err)
 	}
 	l := &loop{groups: map[groupKey]*window{}, run: r.runs}
 	var stopAt time.Time // set when ctx ends
@@ -337,21 +359,22 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.finish(ctx, l)
 			return nil
 		}
-		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
-		if l.marks.len() > 0 && due && !now.Before(l.flushAt) {
-			r.flush(ctx, l)
-		}
 		if !stopping && r.cfg.KeepSent > 0 && !now.Before(l.nextSweep) {
 			r.sweepSent(ctx)
 			l.nextSweep = now.Add(min(max(r.cfg.KeepSent/4, time.Second), time.Minute))
 		}
 		overdue := r.expire(l, now)
-		if !stopping && !now.Before(l.nextClaim) {
-			room := r.cfg.Inflight - int(r.inflight.Load())
-			if room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0) {
-				r.claim(ctx, l, min(room, r.cfg.ClaimBatch))
-				continue
-			}
+		room := r.cfg.Inflight - int(r.inflight.Load())
+		claimNow := !stopping && !now.Before(l.nextClaim) &&
+			(room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0))
+		// A claim writes the marks in its own round trip (see claim).
+		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
+		if l.marks.len() > 0 && due && !now.Before(l.flushAt) && !(claimNow && l.flushFails == 0) {
+			r.flush(ctx, l)
+		}
+		if claimNow {
+			r.claim(ctx, l, min(room, r.cfg.ClaimBatch))
+			continue
 		}
 		// Wait for an answer, a timer, or the end.
 		next := now.Add(time.Hour)
@@ -558,6 +581,16 @@ func (r *Relay) record(l *loop, a answer, now time.Time) {
 	if m.len() == 0 {
 		m.since = now
 	}
+	// The first result of a row ends its claim's hold on it (a later one
+	// is an acceptance that came after the row was given up on).
+	if !a.p.recorded {
+		a.p.recorded = true
+		if ls := a.p.lease; ls != nil {
+			if ls.rows--; ls.rows == 0 {
+				m.released = append(m.released, ls)
+			}
+		}
+	}
 	if a.err == nil {
 		m.sentIDs, m.sentMsg = append(m.sentIDs, a.p.id), append(m.sentMsg, a.r.ID)
 		return
@@ -617,18 +650,28 @@ type claimedRow struct {
 // over, and no earlier unsent row of its (destination, group) is leased by
 // another relay or waiting out a backoff. Claims hold the table's advisory
 // lock exclusively, and result writes hold it shared, so a claim never sees
-// a half-written result.
+// a half-written result. The results waiting to be written go first, in
+// the claim's transaction and round trip (unless writing them failed
+// lately: then they wait for flush, and the claim goes alone), so that
+// the claim sees them as a claim after a flush would.
 func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	token := randomID()
 	started := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	defer cancel()
 	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock($1)`, r.lockKey)
-	b.Queue(claimSQL(r.table), r.owner.Load(), n, token, r.cfg.Lease.Microseconds())
+	b.Queue(claimSetup, r.lockKey)
+	writes := 0
+	if l.marks.len() > 0 && l.flushFails == 0 {
+		writes = r.queueMarks(b, &l.marks)
+	}
+	b.Queue(claimSQL(r.table, r.leases), r.owner.Load(), n, token, r.cfg.Lease.Microseconds())
 	res := r.cfg.DB.SendBatch(qctx, b)
 	var rows []claimedRow
 	_, err := res.Exec()
+	for i := 0; err == nil && i < writes; i++ {
+		_, err = res.Exec()
+	}
 	if err == nil {
 		var q pgx.Rows
 		q, err = res.Query()
@@ -649,13 +692,19 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	if cerr := res.Close(); err == nil {
 		err = cerr
 	}
-	r.statements.Add(1)
+	r.statements.Add(int64(1 + writes))
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("outbox: claim failed", "err", err)
 		}
+		if writes > 0 && ctx.Err() == nil { // at the end, finish writes them
+			r.writeFailed(l, err)
+		}
 		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
 		return
+	}
+	if writes > 0 {
+		r.written(ctx, l)
 	}
 	if len(rows) < n {
 		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
@@ -674,9 +723,19 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	// Answers that came in meanwhile first: a failure holds its group back.
 	now := time.Now()
 	r.take(l, now)
+	leases := map[groupKey]*lease{}
 	for _, c := range rows {
 		p := &pendingRow{run: l.run, id: c.id, claim: token, attempts: c.attempts, group: groupKey{c.destination, c.group},
 			deadline: deadline, destination: c.destination}
+		if c.group != "" {
+			ls := leases[p.group]
+			if ls == nil {
+				ls = &lease{claim: token, group: p.group}
+				leases[p.group] = ls
+			}
+			ls.rows++
+			p.lease = ls
+		}
 		p.message = codec.Message{Tenant: c.tenant, Group: c.group, IdempotencyKey: c.key, Body: c.body}
 		if p.message.IdempotencyKey == "" {
 			p.message.IdempotencyKey = strconv.FormatInt(c.id, 10)
@@ -711,45 +770,87 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
 }
 
-func claimSQL(t string) string {
+// claimSetup begins a claim's transaction: it takes the table's claim lock
+// exclusively, and turns explicit sorts off for the rest of the
+// transaction, so that the only plan that takes unsent rows in id order is
+// a walk of the unsent rows' index that stops after the rows it needs; with
+// sorts, a planner that misjudges how many rows are available (a table not
+// yet analyzed, a burst of new rows) sorts every available row instead.
+const claimSetup = `SELECT pg_advisory_xact_lock($1), set_config('enable_sort', 'off', true)`
+
+// claimSQL is the claim: $1 the relay's owner id, $2 the most rows, $3
+// the claim's token, $4 the lease in microseconds. It changes no indexed
+// column of the rows it claims (owner, claim, attempts, lease_until), so
+// that each row's new version can be a HOT update, and records one lease
+// per group it took rows of. A group is blocked after its first row that
+// another relay's live lease holds (from the leases table) or that waits
+// out a backoff (available_at, through its index). The rows to update
+// are found by their ids (= ANY), so the update is a primary-key lookup
+// whatever the planner thinks of the table's size.
+func claimSQL(t, leases string) string {
 	return fmt.Sprintf(`
 WITH blocked AS (
-	SELECT destination, grp, min(id) AS first
+	SELECT destination, grp, min(first) AS first
+	FROM %[2]s
+	WHERE lease_until > now() AND owner <> $1
+	GROUP BY destination, grp
+	UNION ALL
+	SELECT destination, grp, min(id)
 	FROM %[1]s
-	WHERE state = 0 AND available_at > now() AND grp <> '' AND owner IS DISTINCT FROM $1
+	WHERE state = 0 AND available_at > now() AND grp <> ''
 	GROUP BY destination, grp
 ), c AS (
 	SELECT o.id FROM %[1]s o
-	WHERE o.state = 0 AND o.available_at <= now()
+	WHERE o.state = 0 AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())
 	  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.destination = o.destination AND b.grp = o.grp AND b.first < o.id)
 	ORDER BY o.id
 	LIMIT $2
 	FOR UPDATE OF o SKIP LOCKED
+), u AS (
+	UPDATE %[1]s o SET owner = $1, claim = $3, attempts = o.attempts + 1,
+		lease_until = now() + $4 * interval '1 microsecond'
+	WHERE o.id = ANY (ARRAY(SELECT id FROM c))
+	RETURNING o.id, o.destination, o.tenant, o.grp, o.idempotency_key, o.body, o.attributes, o.attempts
+), held AS (
+	INSERT INTO %[2]s (claim, destination, grp, owner, first, lease_until)
+	SELECT $3, destination, grp, $1, min(id), now() + $4 * interval '1 microsecond'
+	FROM u WHERE grp <> '' GROUP BY destination, grp
+), expired AS (
+	DELETE FROM %[2]s WHERE lease_until <= now()
 )
-UPDATE %[1]s o SET owner = $1, claim = $3, attempts = o.attempts + 1,
-	available_at = now() + $4 * interval '1 microsecond'
-FROM c WHERE o.id = c.id
-RETURNING o.id, o.destination, o.tenant, o.grp, o.idempotency_key, o.body, o.attributes, o.attempts`, t)
+SELECT id, destination, tenant, grp, idempotency_key, body, attributes, attempts FROM u`, t, leases)
 }
 
 // flush writes the marks: sent rows (deleted, or kept with their message
-// id), then rows put back or dead, in one round trip and one transaction
-// that holds the table's advisory lock shared. A row put back or marked
-// dead only while its claim is still the one this relay made; a sent row
-// whatever holds it, since its message is at the destination.
+// id), then rows put back or dead, then the leases released, in one round
+// trip and one transaction that holds the table's advisory lock shared.
 func (r *Relay) flush(ctx context.Context, l *loop) {
-	m := &l.marks
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared($1)`, r.lockKey)
+	stmts := r.queueMarks(b, &l.marks)
+	err := r.cfg.DB.SendBatch(qctx, b).Close()
+	r.statements.Add(int64(stmts))
+	if err != nil {
+		r.writeFailed(l, err)
+		return
+	}
+	r.written(ctx, l)
+}
+
+// queueMarks queues the statements that write m, and returns how many. A
+// row is put back or marked dead only while its claim is still the one
+// this relay made; a sent row whatever holds it, since its message is at
+// the destination.
+func (r *Relay) queueMarks(b *pgx.Batch, m *marks) int {
 	stmts := 0
 	if len(m.sentIDs) > 0 {
 		stmts++
 		if r.cfg.KeepSent == 0 {
 			b.Queue(fmt.Sprintf(`DELETE FROM %s WHERE id = ANY($1) AND state = 0`, r.table), m.sentIDs)
 		} else {
-			b.Queue(fmt.Sprintf(`UPDATE %s o SET state = 1, sent_at = now(), message_id = m.mid, owner = NULL, claim = NULL
+			b.Queue(fmt.Sprintf(`UPDATE %s o SET state = 1, sent_at = now(), message_id = m.mid, owner = NULL, claim = NULL, lease_until = NULL
 FROM unnest($1::bigint[], $2::text[]) AS m(id, mid) WHERE o.id = m.id AND o.state = 0`, r.table), m.sentIDs, m.sentMsg)
 		}
 	}
@@ -758,19 +859,34 @@ FROM unnest($1::bigint[], $2::text[]) AS m(id, mid) WHERE o.id = m.id AND o.stat
 		b.Queue(fmt.Sprintf(`UPDATE %s o SET
 	state = CASE WHEN m.dead THEN 2 ELSE 0 END,
 	available_at = now() + m.delay * interval '1 microsecond',
-	attempts = o.attempts - m.undo, last_error = m.err, owner = NULL, claim = NULL
+	attempts = o.attempts - m.undo, last_error = m.err, owner = NULL, claim = NULL, lease_until = NULL
 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::bool[], $6::text[]) AS m(id, claim, delay, undo, dead, err)
 WHERE o.id = m.id AND o.claim = m.claim AND o.state = 0`, r.table), m.ids, m.claims, m.delays, m.undo, m.dead, m.errs)
 	}
-	err := r.cfg.DB.SendBatch(qctx, b).Close()
-	r.statements.Add(int64(stmts))
-	if err != nil {
-		l.flushFails++
-		r.log.Error("outbox: writing results failed; trying again", "err", err, "rows", m.len())
-		// Try again after a pause that grows; the rows stay claimed meanwhile.
-		l.flushAt = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval, r.cfg.Lease/4))
-		return
+	if len(m.released) > 0 {
+		stmts++
+		claims, dests, groups := make([]int64, len(m.released)), make([]string, len(m.released)), make([]string, len(m.released))
+		for i, ls := range m.released {
+			claims[i], dests[i], groups[i] = ls.claim, ls.group.destination, ls.group.group
+		}
+		b.Queue(fmt.Sprintf(`DELETE FROM %s h USING unnest($1::bigint[], $2::text[], $3::text[]) AS m(claim, destination, grp)
+WHERE h.claim = m.claim AND h.destination = m.destination AND h.grp = m.grp`, r.leases), claims, dests, groups)
 	}
+	return stmts
+}
+
+// writeFailed notes that writing the marks failed: they are tried again
+// after a pause that grows; their rows stay claimed meanwhile.
+func (r *Relay) writeFailed(l *loop, err error) {
+	l.flushFails++
+	r.log.Error("outbox: writing results failed; trying again", "err", err, "rows", l.marks.len())
+	l.flushAt = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval, r.cfg.Lease/4))
+}
+
+// written takes the marks as written: groups held back behind a failure
+// go on, and the counts move.
+func (r *Relay) written(ctx context.Context, l *loop) {
+	m := &l.marks
 	l.flushFails = 0
 	for _, k := range l.failed {
 		if w := l.groups[k]; w != nil {
@@ -825,19 +941,24 @@ func (r *Relay) sweepSent(ctx context.Context) {
 
 // ExplainClaim returns PostgreSQL's plan for this relay's claim of
 // ClaimBatch rows, to check that it stays an index scan at the table's
-// size. With analyze, the claim runs (EXPLAIN ANALYZE) inside a
-// transaction that is rolled back, and the plan carries its timings.
+// size. The plan is made in a transaction set up as a claim's (the claim
+// lock, no explicit sorts). With analyze, the claim runs (EXPLAIN ANALYZE)
+// inside that transaction, which is rolled back, and the plan carries its
+// timings.
 func (r *Relay) ExplainClaim(ctx context.Context, analyze bool) (string, error) {
 	tx, err := r.cfg.DB.Begin(ctx)
 	if err != nil {
 		return "", err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // the rollback is the point
+	if _, err := tx.Exec(ctx, claimSetup, r.lockKey); err != nil {
+		return "", err
+	}
 	verb := "EXPLAIN"
 	if analyze {
 		verb = "EXPLAIN (ANALYZE, BUFFERS)"
 	}
-	rows, err := tx.Query(ctx, verb+claimSQL(r.table), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
+	rows, err := tx.Query(ctx, verb+claimSQL(r.table, r.leases), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
 	if err != nil {
 		return "", err
 	}

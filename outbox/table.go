@@ -56,11 +56,26 @@ func ident(table string) (quoted, name string) {
 // Columns: id (the row order), destination, tenant, grp, idempotency_key
 // ("" means the row's id), body, attributes (a JSON object of strings),
 // state (0 unsent, 1 sent, 2 dead), attempts,
-// available_at (when an unsent row may be claimed: its lease's or its
-// backoff's end), owner and claim (the relay and the claim holding it),
-// created_at, sent_at, message_id, last_error. Two partial indexes cover the
-// unsent rows only, so the relay's queries cost what is unsent, not what the
-// table holds.
+// available_at (when an unsent row may be claimed: its backoff's end),
+// lease_until, owner and claim (the lease's end, the relay and the claim
+// holding it), created_at, sent_at, message_id, last_error. Two partial
+// indexes cover the unsent rows only, so the relay's queries cost what is
+// unsent, not what the table holds. A claim writes only columns that no
+// index covers, and the table keeps free space in each page (fillfactor
+// 40: room for every row of a page to be claimed at once), so that
+// PostgreSQL writes a claimed row's new version beside the old one
+// without touching an index (a HOT update).
+//
+// Beside it, table_leases holds one row per claim and group it took rows
+// of: the group's first row in the claim, the relay, and the lease's end.
+// Claims read it to skip the groups other relays hold, instead of reading
+// every leased row. Drop it with the table.
+//
+// On a table made by an earlier version (without lease_until or
+// table_leases) CreateTable adds the column and the side table; it does
+// not change the fillfactor of a table that exists (ALTER TABLE … SET
+// (fillfactor = 40) does, for pages written afterwards). Stop the relays
+// of the earlier version first: they do not see this version's leases.
 func CreateTable(ctx context.Context, db *pgxpool.Pool, table string) error {
 	if db == nil {
 		return errors.New("sinkbatch/outbox: CreateTable: nil pool")
@@ -86,7 +101,23 @@ CREATE TABLE IF NOT EXISTS %[1]s (
 	created_at      timestamptz NOT NULL DEFAULT now(),
 	sent_at         timestamptz,
 	message_id      text,
-	last_error      text
+	last_error      text,
+	lease_until     timestamptz
+) WITH (fillfactor = 40);
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%[1]s'::regclass AND attname = 'lease_until' AND NOT attisdropped) THEN
+		ALTER TABLE %[1]s ADD COLUMN lease_until timestamptz;
+	END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS %[5]s (
+	claim       bigint      NOT NULL,
+	destination text        NOT NULL,
+	grp         text        NOT NULL,
+	owner       bigint      NOT NULL,
+	first       bigint      NOT NULL,
+	lease_until timestamptz NOT NULL,
+	PRIMARY KEY (claim, destination, grp)
 );
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (id) WHERE state = 0;
 CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (available_at) WHERE state = 0;
@@ -94,7 +125,8 @@ CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (sent_at) WHERE state = 1;`,
 		t,
 		pgx.Identifier{name + "_unsent"}.Sanitize(),
 		pgx.Identifier{name + "_unsent_available"}.Sanitize(),
-		pgx.Identifier{name + "_sent_at"}.Sanitize())
+		pgx.Identifier{name + "_sent_at"}.Sanitize(),
+		leasesTable(table))
 	// Two relays starting at once may both create: the loser's error
 	// (a unique violation in the catalog) means the table is there.
 	_, err := db.Exec(ctx, ddl)
@@ -105,6 +137,14 @@ CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (sent_at) WHERE state = 1;`,
 		return fmt.Errorf("sinkbatch/outbox: CreateTable %s: %w", table, err)
 	}
 	return nil
+}
+
+// leasesTable is the quoted name of table's side table of group leases,
+// in table's schema.
+func leasesTable(table string) string {
+	parts := strings.Split(table, ".")
+	parts[len(parts)-1] += "_leases"
+	return pgx.Identifier(parts).Sanitize()
 }
 
 // Enqueue adds rows inside the caller's own transaction: they exist exactly when the business change does.

@@ -368,6 +368,7 @@ func (n *Node) onLeft(address string) {
 	n.cutMu.Lock()
 	n.leftOK[address] = true
 	n.cutMu.Unlock()
+	n.lease.left(address)
 }
 
 // onCut takes protoactor's word that the connection to address is lost or
@@ -558,16 +559,63 @@ func (n *Node) shutdown(c *cluster.Cluster) {
 
 // sayLeft tells every other member that this one admits nothing more and
 // has answered everything it admitted: a HandoffDone naming no destination,
-// sent to their nodes after every answer, on the same connections, so it
-// arrives after them. protoactor's cluster.Shutdown then keeps this
-// member's remote up for 2 s after the member lists drop it, but what is
-// sent to it then is never answered: a caller that took those attempts for
-// admitted would answer ErrUnreachable for a delivery that was never made.
-func (n *Node) sayLeft() {
+// sent to their nodes once every answer queued for them is written, on the
+// same connections, so it arrives after them. It then waits for each of
+// them that takes part in leases to answer a lease probe sent after the
+// word: a member reads what another sends it in order, so it has then
+// taken every answer and the word, and the member lists may drop this
+// member (protoactor's cluster.Shutdown, next, does so at once). A member
+// that takes the drop before the word answers the calls still waiting for
+// this member ErrUnreachable; one that takes it after, as never admitted.
+// Each wait ends with ctx, and after leftWordWait in all: a member that
+// does not answer is not waited for longer. protoactor's cluster.Shutdown
+// then keeps this member's remote up for 2 s after the member lists drop
+// it, but what is sent to it then is never answered: a caller that took
+// those attempts for admitted would answer ErrUnreachable for a delivery
+// that was never made.
+func (n *Node) sayLeft(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, leftWordWait)
+	defer cancel()
+	mark := n.replies.mark()
+	waitFor(ctx, func() bool { return n.replies.gone(mark) })
 	self := n.system.Address()
 	left := &clusterpb.HandoffDone{Member: self}
-	for _, a := range n.topo.others(self) {
+	others := n.topo.others(self)
+	for _, a := range others {
 		n.system.Root.Send(actor.NewPID(a, endpointID), left)
+	}
+	since := n.lease.now()
+	n.probe()
+	waitFor(ctx, func() bool {
+		if n.lease.excluded.Load() {
+			// The others dropped this member for good already.
+			return true
+		}
+		for _, a := range others {
+			if n.lease.speaks(a) && !n.lease.heardSince(a, since) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// leftWordWait bounds how long Leave waits, once it has answered
+// everything, for its answers to be written and for the other members to
+// take its word that it left (see sayLeft).
+const leftWordWait = 2 * time.Second
+
+// waitFor waits until done reports true, checking it every millisecond,
+// or until ctx ends.
+func waitFor(ctx context.Context, done func() bool) {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for !done() {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -596,7 +644,8 @@ func (n *Node) handPausesOver() {
 // in progress of this member's callers to a destination the member owns
 // and had not admitted; everything the member admitted is answered by its
 // batchers; deliveries this member's callers have in progress elsewhere
-// are answered; then the member leaves the
+// are answered; its answers are written and the other members take its
+// word that it left (sayLeft; at most 2 s); then the member leaves the
 // cluster gracefully (cluster.Shutdown(true)), which also shuts down the
 // actor system. Stop Config.Instance afterwards: an instance stopped
 // before Leave answers every delivery to the destinations this member owns,
@@ -646,7 +695,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		select {
 		case <-drained:
 			n.handPausesOver()
-			n.sayLeft()
+			n.sayLeft(ctx)
 		case <-ctx.Done():
 			n.leaveErr = fmt.Errorf("sinkbatch: clustered.Leave: %w", ctx.Err())
 			// Nothing will answer what is left: release its waiters.

@@ -34,3 +34,12 @@ func (n *Node) CancelsKept() int { return int(n.cancels.n.Load()) }
 // AnswerNoLeaseProbes makes the node answer no lease probe, as a member of
 // a version before leases.
 func (n *Node) AnswerNoLeaseProbes() { n.withoutLeases.Store(true) }
+
+// MembersSeen is how many members hosting Kind the node's latest member
+// list holds: safe to call at any time, unlike protoactor's
+// MemberList.Members, which a provider's goroutine replaces unguarded.
+func (n *Node) MembersSeen() int {
+	n.topo.mu.RLock()
+	defer n.topo.mu.RUnlock()
+	return len(n.topo.members)
+}

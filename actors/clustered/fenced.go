@@ -8,7 +8,8 @@ import (
 )
 
 // errLeaseLapsed answers every message of a batch whose request would have
-// begun after the node's lease ran out: the request is not made.
+// begun after the node's lease ran out: the request is not made, and
+// admitted.Answer tells the callers so ("not the owner"): they try again.
 var errLeaseLapsed = fmt.Errorf("%w: not sent: the member lost its ownership lease as the request was about to begin", ErrUnreachable)
 
 // fenced is a destination's codec as the node hands it to its instance:

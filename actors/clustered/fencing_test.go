@@ -1,9 +1,4 @@
-//go:build !race && unix
-
-// Each member of these tests is a process of its own, yet under -race
-// protoactor reports data races inside one member (its gossip actor
-// changes its state while its gossiper marshals it), so they build without
-// it.
+//go:build unix
 
 package clustered_test
 
@@ -23,20 +18,16 @@ import (
 	"testing"
 	"time"
 
-	apiv1 "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/api/option"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
 
 	"github.com/ankusa/sinkbatch/codec"
-	"github.com/ankusa/sinkbatch/codec/pubsub"
 )
 
 // maxOverlap is the most time two members may publish one destination
@@ -58,7 +49,7 @@ func TestAPausedOwnerStopsAdmitting(t *testing.T) {
 	require.NoError(t, f.children[owner].cmd.Process.Signal(syscall.SIGSTOP))
 	f.run(t, 3*time.Second)
 	require.NoError(t, f.children[owner].cmd.Process.Signal(syscall.SIGCONT))
-	f.children[owner].expect(t, "excluded", 10*time.Second)
+	f.children[owner].await(t, "excluded", 10*time.Second)
 	f.run(t, 2*time.Second)
 	f.check(t)
 }
@@ -75,7 +66,7 @@ func TestAHealedPartitionLeavesOneOwner(t *testing.T) {
 	f.proxies[f.owner].block()
 	f.run(t, 3*time.Second)
 	f.proxies[f.owner].heal()
-	f.children[f.owner].expect(t, "excluded", 10*time.Second)
+	f.children[f.owner].await(t, "excluded", 10*time.Second)
 	f.run(t, 2*time.Second)
 	f.check(t)
 }
@@ -87,7 +78,7 @@ const fenceTopic = "fenced"
 // own, publishing to one pstest through a listener per member, so that
 // the server knows who published.
 type fenced struct {
-	children []fenceChild
+	children []*child
 	proxies  []*proxyPair // each member's, when proxied
 	owner    int
 	log      *publishLog
@@ -121,7 +112,7 @@ func startFenced(t *testing.T, proxied bool) *fenced {
 		f.children = append(f.children, startFenceChild(t, i, c.health[i], c.remotes[i], advertised[i], hosts, f.log.addrs[i]))
 	}
 	for _, ch := range f.children {
-		ch.expect(t, "ready", time.Minute)
+		ch.await(t, "ready", time.Minute)
 	}
 	return f
 }
@@ -150,7 +141,8 @@ func (f *fenced) check(t *testing.T) {
 		ch.say(t, "quit")
 	}
 	for _, ch := range f.children {
-		ch.expect(t, "quit", time.Minute)
+		ch.await(t, "quit", time.Minute)
+		ch.waitEnd(t)
 	}
 	byOwner, others := f.log.split(f.owner)
 	require.NotEmpty(t, byOwner, "the owner published")
@@ -323,12 +315,11 @@ func (p *proxy) heal() {
 	}
 }
 
-// fenceChild is a member of a fencing test, in a process of its own.
-type fenceChild struct{ *child }
-
 const fenceRole = "SINKBATCH_FENCE_CHILD"
 
-func startFenceChild(t *testing.T, slot, health, port int, advertised string, hosts []string, pubsubAddr string) fenceChild {
+// startFenceChild starts a member of a fencing test, in a process of its
+// own.
+func startFenceChild(t *testing.T, slot, health, port int, advertised string, hosts []string, pubsubAddr string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFenceChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), fenceRole+"=1",
@@ -338,26 +329,7 @@ func startFenceChild(t *testing.T, slot, health, port int, advertised string, ho
 		"SINKBATCH_FENCE_ADVERTISED="+advertised,
 		"SINKBATCH_FENCE_HOSTS="+strings.Join(hosts, ","),
 		"SINKBATCH_FENCE_PUBSUB="+pubsubAddr)
-	return fenceChild{spawn(t, cmd, "FENCE ")}
-}
-
-// expect waits up to within for the child to say word, skipping other
-// lines.
-func (ch fenceChild) expect(t *testing.T, word string, within time.Duration) {
-	t.Helper()
-	timer := time.NewTimer(within)
-	defer timer.Stop()
-	for {
-		select {
-		case line, ok := <-ch.lines:
-			require.True(t, ok, "the child ended before it said %q", word)
-			if line == word {
-				return
-			}
-		case <-timer.C:
-			t.Fatalf("the child did not say %q within %v", word, within)
-		}
-	}
+	return spawn(t, cmd, "FENCE ")
 }
 
 // TestFenceChild is a member of a fencing test, in a process of its own;
@@ -368,11 +340,7 @@ func TestFenceChild(t *testing.T) {
 	if os.Getenv(fenceRole) == "" {
 		t.Skip("a child process of the fencing tests")
 	}
-	atoi := func(k string) int {
-		v, err := strconv.Atoi(os.Getenv(k))
-		require.NoError(t, err)
-		return v
-	}
+	atoi := func(k string) int { return envInt(t, os.Getenv(k)) }
 	hosts := strings.Split(os.Getenv("SINKBATCH_FENCE_HOSTS"), ",")
 	o := memberOpts{
 		provider:  automanaged.NewWithConfig(200*time.Millisecond, atoi("SINKBATCH_FENCE_HEALTH"), hosts...),
@@ -380,23 +348,14 @@ func TestFenceChild(t *testing.T) {
 		retries:   1,
 		noCleanup: true,
 		codec: func(name string) codec.Codec {
-			// A client that dials at its first request, after the member
-			// started: protoactor's remote sets gRPC's global logger as
-			// it starts, which races a connection already dialling.
-			conn, err := grpc.NewClient(os.Getenv("SINKBATCH_FENCE_PUBSUB"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			require.NoError(t, err)
-			client, err := apiv1.NewTopicAdminClient(context.Background(), option.WithGRPCConn(conn))
-			require.NoError(t, err)
-			c, err := pubsub.New(context.Background(), pubsub.Config{Topic: testProject + "/topics/" + name, Client: client})
-			require.NoError(t, err)
-			return c
+			return lazyPubSub(t, os.Getenv("SINKBATCH_FENCE_PUBSUB"), name, codec.Tuning{})
 		},
 	}
 	if a := os.Getenv("SINKBATCH_FENCE_ADVERTISED"); a != "" {
 		o.remote = []remote.ConfigOption{remote.WithAdvertisedHost(a)}
 	}
 	m := startMember(t, []string{fenceTopic}, o)
-	require.Eventually(t, func() bool { return m.cluster.MemberList.Members().Len() == 3 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return m.node.MembersSeen() == 3 }, time.Minute, 10*time.Millisecond)
 	slot := os.Getenv("SINKBATCH_FENCE_SLOT")
 	deliver := func(key string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

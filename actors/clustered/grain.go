@@ -1,6 +1,7 @@
 package clustered
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -335,6 +336,11 @@ func (g *grain) deliver(ctx actor.Context, req *clusterpb.DeliverRequest, sender
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(ErrUnknownDestination)})
 	case yielding:
 		g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, NotOwner: true})
+		if !g.owned() && !g.n.leaving.Load() {
+			// The caller's member list still names this member: it
+			// comes back here, and must find the grain, not its stop.
+			g.after(ctx, yieldLinger, stopTick{})
+		}
 	case waiting:
 		if len(g.buffered) >= maxBuffered {
 			g.n.reply(sender, &clusterpb.DeliverReply{Call: req.Call, Error: encodeError(&messages.RetryAfterError{After: handoffRetry, Reason: messages.FullEntries})})
@@ -504,9 +510,16 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	}
 	n, h := a.n, a.held
 	a.settled()
-	if a.here {
+	switch {
+	case errors.Is(r.Err, errLeaseLapsed) && a.here:
+		// Not sent (the fenced codec made no request): its caller tries
+		// again, as for a delivery dropped for want of the lease.
+		n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
+	case errors.Is(r.Err, errLeaseLapsed):
+		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+	case a.here:
 		n.direct.answer(a.hereCall, a.token, r)
-	} else {
+	default:
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}
 	n.apply(n.ledger.answered(h))

@@ -9,13 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/ankusa/sinkbatch/codec"
 )
-
-// handoffTuning makes groups likely to overlap if the hand-off broke: many
-// requests in flight per destination, short linger.
-var handoffTuning = codec.Tuning{Linger: 2 * time.Millisecond, MaxInflight: 8}
 
 // TestJoinHandsOff: a member joins while two members deliver, concurrently
 // for each ordering group, to destinations some of which move to it. No

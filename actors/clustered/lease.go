@@ -104,6 +104,31 @@ func (l *lease) topology(members map[string]string) {
 	l.recompute()
 }
 
+// left stops waiting for the member at address, which said it left
+// gracefully (Node.onLeft): it admits nothing more, so its confirmation is
+// not needed, and it gives none once its actor system stops, which is
+// before the member lists drop it; waiting for it would let the lease
+// lapse in between. A later member list that still holds it makes it a
+// member to probe again.
+func (l *lease) left(address string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	members := make(map[string]string, len(l.members))
+	for id, a := range l.members {
+		if a != address {
+			members[id] = a
+		}
+	}
+	// A new map: targets hands the old one out.
+	l.members = members
+	for id, p := range l.peers {
+		if p.address == address {
+			delete(l.peers, id)
+		}
+	}
+	l.recompute()
+}
+
 // targets are the members to probe: the latest member list's others.
 func (l *lease) targets() map[string]string {
 	l.mu.Lock()

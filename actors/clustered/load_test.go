@@ -154,6 +154,10 @@ func (c *managed) moves(pool []string, n, from int, before []int, to int, after 
 	return out
 }
 
+// handoffTuning makes groups likely to overlap if the hand-off broke: many
+// requests in flight per destination, short linger.
+var handoffTuning = codec.Tuning{Linger: 2 * time.Millisecond, MaxInflight: 8}
+
 // loadDeadline is each load delivery's deadline.
 const loadDeadline = 5 * time.Second
 
@@ -184,8 +188,20 @@ type load struct {
 	done   []time.Time       // when each success was answered
 	lats   []time.Duration   // and how long it took, from its first attempt
 	maxLat time.Duration
+	failed []attempt // the deliveries answered an error
 	stop   chan struct{}
 	wg     sync.WaitGroup
+}
+
+// attempt is a delivery of the load that was answered an error: when it
+// began and was answered, its error's class and its error.
+type attempt struct {
+	Start, End time.Time
+	Class, Err string
+}
+
+func newLoad() *load {
+	return &load{acked: map[string]string{}, errs: map[string]int{}, first: map[string]string{}, stop: make(chan struct{})}
 }
 
 // startLoad starts, on each member of from, per destination and group,
@@ -199,7 +215,7 @@ func startLoad(from []*member, dests []string, groups, per int) *load {
 // startLoadAs is startLoad with callers named prefix, then the member's
 // index in from: loads that run at once need prefixes of their own.
 func startLoadAs(prefix string, from []*member, dests []string, groups, per int) *load {
-	l := &load{acked: map[string]string{}, errs: map[string]int{}, first: map[string]string{}, stop: make(chan struct{})}
+	l := newLoad()
 	for mi, m := range from {
 		for _, d := range dests {
 			for g := range groups {
@@ -236,6 +252,7 @@ func (l *load) caller(m *member, dest, group, caller string) {
 			l.maxLat = max(l.maxLat, lat)
 		} else {
 			class := classify(err)
+			l.failed = append(l.failed, attempt{Start: start, End: time.Now(), Class: class, Err: err.Error()})
 			l.errs[class]++
 			if _, ok := l.first[class]; !ok {
 				l.first[class] = fmt.Sprintf("%s, after %v, from %s", err, lat, m.system.Address())

@@ -86,6 +86,7 @@ type box[T any, P comparable] struct {
 	postedAt time.Time
 	remote   bool   // on another member: behind the gate
 	label    string // what its posts carry besides the items: an outbox's destination
+	taken    uint64 // items its posts took so far (see boxes.mark)
 }
 
 // add queues item in k's box (remote: on another member; label: see box),
@@ -177,6 +178,7 @@ func (bs *boxes[T, P]) take(b *box[T, P], o P, capped bool, now time.Time) (take
 			taken = taken[:n]
 		}
 	}
+	b.taken += uint64(len(taken))
 	var zero P
 	b.posted = zero
 	if len(b.pending) == 0 && bs.m[b.key] == b {
@@ -261,6 +263,36 @@ func (bs *boxes[T, P]) cut(address string) {
 			delete(bs.gate, a)
 		}
 	}
+}
+
+// mark is where the items queued now end: for each box with items, how
+// many its posts will have taken once they took the last of them.
+func (bs *boxes[T, P]) mark() map[*box[T, P]]uint64 {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	m := make(map[*box[T, P]]uint64, len(bs.m))
+	for _, b := range bs.m {
+		if len(b.pending) > 0 {
+			m[b] = b.taken + uint64(len(b.pending))
+		}
+	}
+	return m
+}
+
+// gone reports whether every item queued at mark has left its box: taken
+// by a post (to another member: serialized by protoactor's endpoint
+// writer, so a message sent to that member from now on goes behind it), or
+// dropped with its box (abandon, cut). A box leaves the map once empty or
+// dropped.
+func (bs *boxes[T, P]) gone(mark map[*box[T, P]]uint64) bool {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for b, end := range mark {
+		if bs.m[b.key] == b && b.taken < end {
+			return false
+		}
+	}
+	return true
 }
 
 // postedTo is the post on its way to k, if any.

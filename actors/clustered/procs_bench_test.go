@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -110,14 +108,6 @@ func BenchmarkClusterProcesses(b *testing.B) {
 	b.ReportMetric(dLocal.Seconds()/dCluster.Seconds(), "wall-cluster/local")
 }
 
-// child is a process of BenchmarkClusterProcesses: a member, or the local
-// instance, driven by lines on its stdin, answering on its stdout.
-type child struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
-
 // childRole is the environment variable that makes the test binary a
 // child of BenchmarkClusterProcesses (TestClusterProcessChild).
 const childRole = "SINKBATCH_BENCH_CHILD"
@@ -125,66 +115,8 @@ const childRole = "SINKBATCH_BENCH_CHILD"
 func startChild(b *testing.B, role string, slot int, c *managed) *child {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestClusterProcessChild$", "-test.count=1")
-	var health, remotes []string
-	for i := range c.health {
-		health = append(health, strconv.Itoa(c.health[i]))
-		remotes = append(remotes, strconv.Itoa(c.remotes[i]))
-	}
-	cmd.Env = append(os.Environ(), childRole+"="+role, fmt.Sprintf("SINKBATCH_BENCH_SLOT=%d", slot),
-		"SINKBATCH_BENCH_HEALTH="+strings.Join(health, ","), "SINKBATCH_BENCH_REMOTES="+strings.Join(remotes, ","))
+	cmd.Env = append(append(os.Environ(), c.env()...), childRole+"="+role, fmt.Sprintf("SINKBATCH_BENCH_SLOT=%d", slot))
 	return spawn(b, cmd, "BENCH ")
-}
-
-// spawn starts cmd, a re-run of the test binary as a child, and returns it:
-// the lines it writes to stdout that begin with prefix arrive, without it,
-// on lines; it is killed at clean-up (continued first, in case a test
-// stopped it).
-func spawn(tb testing.TB, cmd *exec.Cmd, prefix string) *child {
-	tb.Helper()
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(tb, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(tb, err)
-	require.NoError(tb, cmd.Start())
-	ch := &child{cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		defer close(ch.lines)
-		s := bufio.NewScanner(out)
-		for s.Scan() {
-			if line, ok := strings.CutPrefix(s.Text(), prefix); ok {
-				ch.lines <- line
-			}
-		}
-	}()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return ch
-}
-
-// expect waits for the child's next line, which must begin with word, and
-// returns the rest.
-func (ch *child) expect(b *testing.B, word string) string {
-	b.Helper()
-	select {
-	case line, ok := <-ch.lines:
-		require.True(b, ok, "the child ended before %q", word)
-		rest, found := strings.CutPrefix(line, word)
-		require.True(b, found, "the child said %q, not %q", line, word)
-		return strings.TrimSpace(rest)
-	case <-time.After(2 * time.Minute):
-		b.Fatalf("the child did not say %q", word)
-		return ""
-	}
-}
-
-func (ch *child) say(tb testing.TB, line string) {
-	tb.Helper()
-	_, err := fmt.Fprintln(ch.in, line)
-	require.NoError(tb, err)
 }
 
 // cpu is the child's CPU time so far.
@@ -202,11 +134,6 @@ func (ch *child) run(b *testing.B, n int) { ch.say(b, fmt.Sprintf("run %d", n)) 
 func (ch *child) done(b *testing.B) {
 	b.Helper()
 	require.Equal(b, "0", ch.expect(b, "done"), "deliveries failed")
-}
-
-func (ch *child) quit(b *testing.B) {
-	ch.say(b, "quit")
-	ch.expect(b, "quit")
 }
 
 // TestClusterProcessChild is a child process of BenchmarkClusterProcesses;
@@ -234,21 +161,10 @@ func TestClusterProcessChild(t *testing.T) {
 		callers /= 3
 		slot, err := strconv.Atoi(os.Getenv("SINKBATCH_BENCH_SLOT"))
 		require.NoError(t, err)
-		c := &managed{}
-		for _, p := range strings.Split(os.Getenv("SINKBATCH_BENCH_HEALTH"), ",") {
-			port, err := strconv.Atoi(p)
-			require.NoError(t, err)
-			c.health = append(c.health, port)
-			c.hosts = append(c.hosts, fmt.Sprintf("127.0.0.1:%d", port))
-		}
-		for _, p := range strings.Split(os.Getenv("SINKBATCH_BENCH_REMOTES"), ",") {
-			port, err := strconv.Atoi(p)
-			require.NoError(t, err)
-			c.remotes = append(c.remotes, port)
-		}
+		c := managedFromEnv(t)
 		m := c.start(t, slot, []string{"dest"}, memberOpts{codec: func(name string) codec.Codec { return benchCodec(name, 0) }})
 		stop = func() { m.leave(t) }
-		require.Eventually(t, func() bool { return m.cluster.MemberList.Members().Len() == 3 }, time.Minute, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return m.node.MembersSeen() == 3 }, time.Minute, 10*time.Millisecond)
 		require.Eventually(t, func() bool {
 			ctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()

@@ -39,9 +39,29 @@ func TestMalformedWireInputDropsOnlyItsStream(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	client := remote.NewRemotingClient(conn)
-	target := actor.NewPID(m.system.Address(), "sinkbatch-clustered")
+	for name, batch := range malformedBatches(m.system.Address()) {
+		t.Run(name, func(t *testing.T) {
+			sendOnAStream(t, client, batch)
+			deliver()
+		})
+	}
+	t.Run("unimplemented method", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := client.ListProcesses(ctx, &remote.ListProcessesRequest{})
+		require.Equal(t, codes.Internal, status.Code(err), "%v", err)
+		deliver()
+	})
+}
+
+// malformedBatches are message batches, to the node's endpoint at
+// address, that panic protoactor's receive path (an unknown type name; a
+// type, target, sender or serializer index out of range) or that do not
+// decode.
+func malformedBatches(address string) map[string]*remote.MessageBatch {
+	target := actor.NewPID(address, "sinkbatch-clustered")
 	data, typeName := []byte{}, "sinkbatch.clustered.v1.DeliverReplies"
-	cases := map[string]*remote.MessageBatch{
+	return map[string]*remote.MessageBatch{
 		"unknown type name": {TypeNames: []string{"no.such.Type"}, Targets: []*actor.PID{target},
 			Envelopes: []*remote.MessageEnvelope{{MessageData: data}}},
 		"type id out of range": {TypeNames: []string{typeName}, Targets: []*actor.PID{target},
@@ -59,30 +79,24 @@ func TestMalformedWireInputDropsOnlyItsStream(t *testing.T) {
 		"undecodable body": {TypeNames: []string{typeName}, Targets: []*actor.PID{target},
 			Envelopes: []*remote.MessageEnvelope{{MessageData: []byte{0xff, 0xff, 0xff}}}},
 	}
-	for name, batch := range cases {
-		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			stream, err := client.Receive(ctx)
-			require.NoError(t, err)
-			require.NoError(t, stream.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_ConnectRequest{
-				ConnectRequest: &remote.ConnectRequest{ConnectionType: &remote.ConnectRequest_ServerConnection{
-					ServerConnection: &remote.ServerConnection{SystemId: "stranger", Address: "127.0.0.1:1"}}}}}))
-			_, err = stream.Recv()
-			require.NoError(t, err, "the connect response")
-			require.NoError(t, stream.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: batch}}))
-			// The member ends the stream (with an error); it stays up.
-			for err == nil {
-				_, err = stream.Recv()
-			}
-			deliver()
-		})
+}
+
+// sendOnAStream opens a stream to client's member as a stranger would,
+// sends batch on it and waits for the member to end the stream (with an
+// error), as it must for a malformed batch.
+func sendOnAStream(t *testing.T, client remote.RemotingClient, batch *remote.MessageBatch) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := client.Receive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_ConnectRequest{
+		ConnectRequest: &remote.ConnectRequest{ConnectionType: &remote.ConnectRequest_ServerConnection{
+			ServerConnection: &remote.ServerConnection{SystemId: "stranger", Address: "127.0.0.1:1"}}}}}))
+	_, err = stream.Recv()
+	require.NoError(t, err, "the connect response")
+	require.NoError(t, stream.Send(&remote.RemoteMessage{MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: batch}}))
+	for err == nil {
+		_, err = stream.Recv()
 	}
-	t.Run("unimplemented method", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err := client.ListProcesses(ctx, &remote.ListProcessesRequest{})
-		require.Equal(t, codes.Internal, status.Code(err), "%v", err)
-		deliver()
-	})
 }

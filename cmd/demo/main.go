@@ -174,7 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "slog level of the actor system's and sinkbatch's logs: debug, info, warn, error")
 	fs.IntVar(&o.cluster, "cluster", 0, "run N cluster members in this process instead (mutual TLS, Pub/Sub fake, one member killed halfway); see cluster.go")
 	fs.BoolVar(&o.outbox, "outbox", false, "relay an outbox table from PostgreSQL instead, killing the relay process once; see outbox.go")
-	fs.StringVar(&o.outboxDSN, "outbox-dsn", "", "with -outbox: the PostgreSQL to use, where it drops and recreates table demo_outbox (default: a throwaway server from the installed binaries)")
+	fs.StringVar(&o.outboxDSN, "outbox-dsn", "", "with -outbox: the PostgreSQL to use, where it drops and recreates tables demo_outbox and demo_outbox_leases (default: a throwaway server from the installed binaries)")
 	fs.StringVar(&o.sqsQueueURL, "sqs-queue-url", "", "send every SQS destination's messages to this existing queue (AWS default credentials; not read back)")
 	fs.StringVar(&o.sqsEndpoint, "sqs-endpoint", "", "SQS endpoint URL instead of the embedded server; without -sqs-queue-url the demo creates its queues there and reads them back")
 	fs.StringVar(&o.pubsubTopic, "pubsub-topic", "", "publish every Pub/Sub destination's messages to this existing topic, projects/P/topics/T (default credentials; not read back)")

@@ -106,7 +106,7 @@ func runOutbox(ctx context.Context, o options, logger *slog.Logger, stdout, stde
 	}
 	fmt.Fprintf(stdout, "Pub/Sub: pstest at %s; SQS: kumo at %s\n", ps.Addr, kq.URL)
 
-	if _, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+outboxTable); err != nil {
+	if _, err := db.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s, %[1]s_leases", outboxTable)); err != nil {
 		return fail(err)
 	}
 	if err := outbox.CreateTable(ctx, db, outboxTable); err != nil {
