@@ -133,7 +133,13 @@ func TestDefaultTimeoutMixedOnPooledWaiters(t *testing.T) {
 					assert.GreaterOrEqual(t, took, d, "a call with a deadline ended before it")
 					assert.Less(t, took, d+hangSlack)
 				case answered:
-					id, err := inst.Deliver(context.Background(), echo, msg)
+					// A deadline of its own: DefaultTimeout (50 ms) is
+					// shorter than a loaded machine's scheduling delay
+					// under -race, which a call that is answered must
+					// not depend on.
+					ctx, cancel := context.WithTimeout(context.Background(), hangSlack)
+					id, err := inst.Deliver(ctx, echo, msg)
+					cancel()
 					if assert.NoError(t, err) {
 						assert.Equal(t, "id-"+body, id, "an answer carries its own message's result")
 					}
