@@ -69,7 +69,10 @@
 //     unsent until that answer is written.
 //   - A relay that dies leaves the rows it held leased to it; they block
 //     their groups until the lease ends, and are then claimed again in
-//     row order.
+//     row order. So do the rows of a claim the relay saw fail (the server
+//     may have committed it): the relay takes a new owner id, and the
+//     rows it does not know block its own later claims as another
+//     relay's would.
 //
 // The destination sets one limit: in one SQS SendMessageBatch holding
 // several entries of a group, an entry after a retryably failed one may

@@ -102,9 +102,12 @@ type Relay struct {
 	table   string // quoted
 	leases  string // the side table of group leases, quoted
 	lockKey int64
-	// owner is this Run's id in the owner column: new for each Run, so
-	// that rows a previous Run left claimed block their groups like any
-	// other relay's.
+	// owner is this Run's id in the owner column: new for each Run, and
+	// after each claim that failed, so that rows a previous Run left
+	// claimed, or that a claim the relay saw fail took all the same (the
+	// server committed it before the error), block their groups like any
+	// other relay's: the relay does not know them, and its later claims
+	// must not pass them.
 	owner   atomic.Int64
 	log     *slog.Logger
 	sender  OrderedSender
@@ -694,6 +697,13 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	}
 	r.statements.Add(int64(1 + writes))
 	if err != nil {
+		// The claim may have committed: its rows and group leases are
+		// then this owner's, unknown to the relay. A new owner makes them
+		// block this relay's later claims as they block other relays',
+		// until their lease ends and they are claimed again, first. The
+		// relay's own known claims block it too until their rows are
+		// written.
+		r.owner.Store(randomID())
 		if ctx.Err() == nil {
 			r.log.Error("outbox: claim failed", "err", err)
 		}
