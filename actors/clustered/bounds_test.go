@@ -225,14 +225,16 @@ func TestResumeGroupAsksOnlyAMemberThatTakesIt(t *testing.T) {
 	start := func(o memberOpts) *member {
 		o.provider = test.NewTestProvider(agent, test.WithTestProviderServiceTtl(time.Second), test.WithTestProviderRefreshTtl(100*time.Millisecond))
 		o.noCleanup = true
-		return startMember(t, names(8), o)
+		return startMember(t, names(32), o)
 	}
 	ms := []*member{start(memberOpts{}), start(memberOpts{noLeases: true})}
 	t.Cleanup(func() { leaveAll(t, ms) })
 	waitMembers(t, ms, 2)
 	earlier := ms[1]
 	var toEarlier, toCurrent string
-	for _, name := range names(8) {
+	// 32 names: with random ports, 8 all hashed to one member in about
+	// 1 run of 128.
+	for _, name := range names(32) {
 		if o, _ := ownerOf(t, ms, name); o == earlier {
 			toEarlier = name
 		} else {
