@@ -43,7 +43,7 @@ func (lying) Err() error                    { return nil }
 func TestADeadlineWhoseDoneNeverClosesIsKept(t *testing.T) {
 	const silent = "to the silent owner"
 	hang := make(chan struct{})
-	dests := names(8)
+	dests := names(24) // the second member owns one (of 8, none in 1 run of 256)
 	ms := startTestCluster(t, 2, dests, memberOpts{codec: func(name string) codec.Codec {
 		c := fakecodec.New(name, codec.Limits{MaxEntries: 10, MaxBytes: 1 << 20})
 		c.SizeHook = func(m codec.Message) int {
