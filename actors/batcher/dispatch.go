@@ -134,6 +134,9 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if !retry {
 		e.rank = d.q.newRank()
 	}
+	if e.left == nil && e.to.sender != nil {
+		d.q.silentSeen = true
+	}
 	a.reason, a.ok = d.q.admit(e, now)
 	a.retry = retry
 	if !a.ok && sweep {

@@ -62,8 +62,12 @@ var leftWord = func() *atomic.Bool {
 // silent appends to buf the queued and waiting entries whose callers have
 // no way to say they left (no left flag) but may have (they have a
 // sender), and returns it: the driver asks about them outside its lock. It
-// costs O(queue + waiters).
+// costs O(queue + waiters), and nothing on a destination that never admitted
+// such an entry (only front-door callers, which have Rooms).
 func (q *queue) silent(buf []*entry) []*entry {
+	if !q.silentSeen {
+		return buf
+	}
 	add := func(es []*entry, from int, skip func(*entry) bool) {
 		for _, e := range es[from:] {
 			if e != nil && !skip(e) && e.left == nil && e.to.sender != nil {
@@ -154,6 +158,9 @@ type queue struct {
 	// still finds it.
 	building *batchBuilder
 	builder  batchBuilder
+	// silentSeen: an entry whose caller has no left flag but a sender
+	// (an actor's future) was admitted; until then silent finds nothing.
+	silentSeen bool
 	// kept holds entries removed from the queue whose answer a panic
 	// interrupted (see keep): drainAll returns them.
 	kept []*entry
