@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -58,16 +60,54 @@ func Local(inst *actors.Instance, destinations map[string]codec.Codec) Sender {
 		dests[k] = v
 	}
 	s := &actorSender{system: inst.System(), target: inst.PID}
-	s.message = func(destination string, m codec.Message, deadline time.Time, ref any) (any, error) {
+	s.message = func(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) (*messages.Deliver, error) {
 		c, ok := dests[destination]
 		if !ok || c == nil {
 			return nil, &UnknownDestinationError{Destination: destination}
 		}
-		return &messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: ref}, nil
+		call := &localCall{done: done}
+		call.direct = actors.Direct{Listener: call, Sender: s.answers, Room: &call.room}
+		call.deliver = messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &call.direct}
+		return &call.deliver, nil
 	}
 	s.start()
 	return s
 }
+
+// localCall is one delivery Local begins, in one allocation: its Deliver,
+// the Direct that names it as its own Listener (the batcher answers it
+// straight from the request goroutine, with no message and no process
+// registry lookup), and room for the batcher's entry. Answers that come
+// as a message instead (the supervisor's refusal while it stops) reach it
+// through the sender's answers actor. A relay's row listens until its
+// deadline, which the batcher keeps itself.
+type localCall struct {
+	done     func(codec.Result, error)
+	answered atomic.Bool
+	direct   actors.Direct
+	deliver  messages.Deliver
+	room     actors.Room
+}
+
+// Listening implements actors.Listener: a row's delivery is never given up
+// on before its deadline.
+func (c *localCall) Listening(*actor.PID) bool { return true }
+
+// Answer implements actors.Listener: done is called once.
+func (c *localCall) Answer(_ *actor.PID, r codec.Result) {
+	if c.answered.CompareAndSwap(false, true) {
+		c.done(codec.Result{ID: r.ID, Sequence: r.Sequence}, r.Err)
+	}
+}
+
+// Forgotten implements actors.Forgetter. Listening never says no, so a
+// batcher does not drop the entry unanswered; were it to, the row is
+// answered as not sent, and tried again.
+func (c *localCall) Forgotten(*actor.PID) {
+	c.Answer(nil, codec.Result{Err: errForgotten})
+}
+
+var errForgotten = errors.New("sinkbatch/outbox: the batcher dropped the delivery unsent")
 
 // Cluster delivers through a cluster member: every replica's rows for one
 // destination go to the one batcher the cluster runs for it. Destination
@@ -92,23 +132,16 @@ func (s clusterSender) Send(ctx context.Context, destination string, m codec.Mes
 type actorSender struct {
 	system  *actor.ActorSystem
 	target  func() *actor.PID
-	message func(destination string, m codec.Message, deadline time.Time, ref any) (any, error)
+	message func(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) (*messages.Deliver, error)
 	answers *actor.PID
-}
-
-// pending is one delivery waiting for its answer; it is the Deliver's Ref.
-type pending struct {
-	done func(codec.Result, error)
 }
 
 func (s *actorSender) start() {
 	s.answers = s.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if d, ok := c.Message().(*messages.Delivered); ok {
-			if p, ok := d.Ref.(*pending); ok {
-				if d.Err != nil {
-					p.done(codec.Result{}, d.Err)
-				} else {
-					p.done(codec.Result{ID: d.ID, Sequence: d.Sequence}, nil)
+			if r, ok := d.Ref.(*actors.Direct); ok {
+				if call, ok := r.Listener.(*localCall); ok {
+					call.Answer(nil, codec.Result{ID: d.ID, Sequence: d.Sequence, Err: d.Err})
 				}
 			}
 		}
@@ -117,12 +150,13 @@ func (s *actorSender) start() {
 
 // Begin implements OrderedSender.
 func (s *actorSender) Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) {
-	msg, err := s.message(destination, m, deadline, &pending{done: done})
+	msg, err := s.message(destination, m, deadline, done)
 	if err != nil {
 		done(codec.Result{}, err)
 		return
 	}
-	s.system.Root.RequestWithCustomSender(s.target(), msg, s.answers)
+	// No envelope: the batcher answers the Direct's Listener.
+	s.system.Root.Send(s.target(), msg)
 }
 
 // Send implements Sender: Begin, then wait for the answer or ctx.
