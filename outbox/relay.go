@@ -4,7 +4,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -753,7 +752,8 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 		r.inflight.Add(1)
 		l.pending = append(l.pending, p)
 		if len(c.attributes) > 0 {
-			if err := json.Unmarshal(c.attributes, &p.message.Attributes); err != nil {
+			var err error
+			if p.message.Attributes, err = decodeAttributes(c.attributes); err != nil {
 				err = codec.Permanent(fmt.Errorf("sinkbatch/outbox: row %d: attributes: %w", c.id, err))
 				r.answered(l, answer{p: p, err: err}, now)
 				continue
@@ -810,7 +810,7 @@ WITH blocked AS (
 	WHERE state = 0 AND available_at > now() AND grp <> ''
 	GROUP BY destination, grp
 ), c AS (
-	SELECT o.id FROM %[1]s o
+	SELECT o.ctid FROM %[1]s o
 	WHERE o.state = 0 AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())
 	  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.destination = o.destination AND b.grp = o.grp AND b.first < o.id)
 	ORDER BY o.id
@@ -819,7 +819,7 @@ WITH blocked AS (
 ), u AS (
 	UPDATE %[1]s o SET owner = $1, claim = $3, attempts = o.attempts + 1,
 		lease_until = now() + $4 * interval '1 microsecond'
-	WHERE o.id = ANY (ARRAY(SELECT id FROM c))
+	WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM c))
 	RETURNING o.id, o.destination, o.tenant, o.grp, o.idempotency_key, o.body, o.attributes, o.attempts
 ), held AS (
 	INSERT INTO %[2]s (claim, destination, grp, owner, first, lease_until)
