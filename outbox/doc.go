@@ -66,7 +66,13 @@
 //   - The rows of a group in flight share one deadline, so none is dropped
 //     at its deadline while a later one is still sent; after any answer
 //     other than success, the group's rows claimed since are put back
-//     unsent until that answer is written.
+//     unsent until that answer, and every row of the group put back after
+//     it, is written, and the relay's claims skip the group meanwhile. (A
+//     relay sends its next claim while it begins the rows of the last, so
+//     a claim can be under way as a group fails: the rows of the group it
+//     brings are put back; were they not, or were later claims to take the
+//     group's rows before they are written back, rows after them would go
+//     first.)
 //   - A relay that dies leaves the rows it held leased to it; they block
 //     their groups until the lease ends, and are then claimed again in
 //     row order. So do the rows of a claim the relay saw fail (the server
@@ -84,7 +90,8 @@
 // The database sees one claim per Config.ClaimBatch rows and up to three
 // result writes per flush (sent, put back or dead, leases released),
 // whatever the row count; under load the writes ride in the next claim's
-// round trip. The claim walks a partial index of the unsent rows
+// round trip, and the next claim is under way while the relay begins the
+// rows of the last (one claim at a time). The claim walks a partial index of the unsent rows
 // (state = 0) in id order and stops when it has its rows (its transaction
 // turns off explicit sorts, so that a misjudged row count cannot turn the
 // walk into a sort of every unsent row), so its cost follows what is

@@ -280,14 +280,21 @@ type lease struct {
 // one would reach the destination first. A window older than half a
 // lease holds new rows back until it drains, then opens afresh for them.
 // After an answer other than success the group's rows claimed since are
-// put back, not begun, until that answer is written: the put-back row
-// then blocks its group in every relay's claims.
+// put back, not begun, until that answer and every row put back after it
+// are written: the put-back rows then block their group in every relay's
+// claims, this one's too, and the first of them is claimed first. Claims
+// begun meanwhile skip the group (see claimSQL), so that rows claimed
+// before the failure was known, and put back as they arrive, are the last
+// to wait for.
 type window struct {
 	n        int           // rows begun and not answered
 	deadline time.Time     // the deadline of every row begun in this window
 	held     []*pendingRow // claimed rows waiting for the window to drain, in row order
-	failed   bool          // an answer other than success is not written yet
+	failures int           // marks of the group's rows other than sent (failed or put back) not written yet
 }
+
+// failing reports whether rows of the group wait for marks to be written.
+func (w *window) failing() bool { return w.failures > 0 }
 
 // marks are results waiting to be written.
 type marks struct {
@@ -300,7 +307,10 @@ type marks struct {
 	errs                []string
 	// leases whose last row is among the results above: deleted with them
 	released []*lease
-	since    time.Time // when the oldest waiting result came
+	// one group per failure counted in its window (window.failures), told
+	// once these marks are written
+	failed []groupKey
+	since  time.Time // when the oldest waiting result came
 }
 
 func (m *marks) len() int { return len(m.sentIDs) + len(m.ids) + len(m.released) }
@@ -308,16 +318,36 @@ func (m *marks) len() int { return len(m.sentIDs) + len(m.ids) + len(m.released)
 func (m *marks) reset() {
 	m.sentIDs, m.sentMsg = m.sentIDs[:0], m.sentMsg[:0]
 	m.ids, m.claims, m.delays, m.undo, m.dead, m.errs = m.ids[:0], m.claims[:0], m.delays[:0], m.undo[:0], m.dead[:0], m.errs[:0]
-	m.released = m.released[:0]
+	m.released, m.failed = m.released[:0], m.failed[:0]
+}
+
+// add appends o's marks to m (a claim that carried o failed: o waits with
+// the marks that came since).
+func (m *marks) add(o *marks) {
+	if o.len() == 0 && len(o.failed) == 0 {
+		return
+	}
+	if m.len() == 0 || o.since.Before(m.since) {
+		m.since = o.since
+	}
+	m.sentIDs, m.sentMsg = append(m.sentIDs, o.sentIDs...), append(m.sentMsg, o.sentMsg...)
+	m.ids, m.claims, m.delays = append(m.ids, o.ids...), append(m.claims, o.claims...), append(m.delays, o.delays...)
+	m.undo, m.dead, m.errs = append(m.undo, o.undo...), append(m.dead, o.dead...), append(m.errs, o.errs...)
+	m.released, m.failed = append(m.released, o.released...), append(m.failed, o.failed...)
 }
 
 // loop is Run's state, touched only by Run's goroutine.
 type loop struct {
-	run        uint64               // which Run this is (Relay.runs)
-	groups     map[groupKey]*window // deleted when empty
-	failed     []groupKey           // windows whose failed is set
-	pending    []*pendingRow        // rows not answered yet, in claim order; compacted as they are answered
-	marks      marks
+	run     uint64                // which Run this is (Relay.runs)
+	groups  map[groupKey]*window  // deleted when empty
+	failing map[groupKey]struct{} // the windows that are failing
+	pending []*pendingRow         // rows not answered yet, in claim order; compacted as they are answered
+	marks   marks                 // results not written yet, nor in a claim under way
+	// claiming is the claim under way, if any: its answer comes on
+	// claimed. At most one is under way, and nothing else is written
+	// meanwhile.
+	claiming   *claimCall
+	claimed    chan *claimCall
 	nextClaim  time.Time // no claim before this (the last found too little, or failed)
 	nextSweep  time.Time // KeepSent clean-up
 	flushFails int
@@ -349,7 +379,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.leases)); err != nil {
 		return fmt.Errorf("sinkbatch/outbox: table %s_leases (CreateTable makes it): %w", r.cfg.Table, err)
 	}
-	l := &loop{groups: map[groupKey]*window{}, run: r.runs}
+	l := &loop{groups: map[groupKey]*window{}, failing: map[groupKey]struct{}{}, run: r.runs, claimed: make(chan *claimCall, 1)}
 	var stopAt time.Time // set when ctx ends
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -357,7 +387,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		now := time.Now()
 		r.take(l, now)
 		stopping := !stopAt.IsZero()
-		if stopping && (r.inflight.Load() == 0 || !now.Before(stopAt)) {
+		if stopping && l.claiming == nil && (r.inflight.Load() == 0 || !now.Before(stopAt)) {
 			r.finish(ctx, l)
 			return nil
 		}
@@ -366,17 +396,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			l.nextSweep = now.Add(min(max(r.cfg.KeepSent/4, time.Second), time.Minute))
 		}
 		overdue := r.expire(l, now)
-		room := r.cfg.Inflight - int(r.inflight.Load())
-		claimNow := !stopping && !now.Before(l.nextClaim) &&
-			(room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0))
-		// A claim writes the marks in its own round trip (see claim).
+		claim := r.claimRoom(l, now, stopping)
+		// A claim writes the marks in its own round trip (see
+		// startClaim); nothing is written while one is under way.
 		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
-		if l.marks.len() > 0 && due && !now.Before(l.flushAt) && !(claimNow && l.flushFails == 0) {
+		if l.claiming == nil && l.marks.len() > 0 && due && !now.Before(l.flushAt) && !(claim > 0 && l.flushFails == 0) {
 			r.flush(ctx, l)
 		}
-		if claimNow {
-			r.claim(ctx, l, min(room, r.cfg.ClaimBatch))
-			continue
+		if claim > 0 {
+			r.startClaim(ctx, l, claim)
 		}
 		// Wait for an answer, a timer, or the end.
 		next := now.Add(time.Hour)
@@ -401,6 +429,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		select {
 		case <-r.wake:
+		case c := <-l.claimed:
+			r.finishClaim(ctx, l, c, stopping)
 		case <-timer.C:
 		case <-done:
 			stopAt = time.Now().Add(r.cfg.Lease)
@@ -496,10 +526,7 @@ func (r *Relay) answered(l *loop, a answer, now time.Time) {
 	}
 	w.n--
 	if a.err != nil {
-		if !w.failed {
-			w.failed = true
-			l.failed = append(l.failed, p.group)
-		}
+		r.fail(l, p.group, w)
 		for _, h := range w.held {
 			r.putBack(l, h, now)
 		}
@@ -508,9 +535,19 @@ func (r *Relay) answered(l *loop, a answer, now time.Time) {
 	r.advance(l, p.group, w, now)
 }
 
+// fail counts one mark of a row of w's group, other than sent, that the
+// group waits for (see window).
+func (r *Relay) fail(l *loop, k groupKey, w *window) {
+	if w.failures == 0 {
+		l.failing[k] = struct{}{}
+	}
+	w.failures++
+	l.marks.failed = append(l.marks.failed, k)
+}
+
 // advance opens a drained window afresh for its held rows, or deletes it.
 func (r *Relay) advance(l *loop, k groupKey, w *window, now time.Time) {
-	if w.n > 0 || w.failed {
+	if w.n > 0 || w.failing() {
 		return
 	}
 	if len(w.held) == 0 {
@@ -526,11 +563,15 @@ func (r *Relay) advance(l *loop, k groupKey, w *window, now time.Time) {
 }
 
 // putBack writes p back unsent, as it was before its claim, without a
-// delay: a row of its group before it blocks it.
+// delay: a row of its group before it blocks it. Its group waits for it to
+// be written.
 func (r *Relay) putBack(l *loop, p *pendingRow, now time.Time) {
 	p.answered = true
 	r.inflight.Add(-1)
 	r.record(l, answer{p: p, err: errHeldBack}, now)
+	if w := l.groups[p.group]; w != nil && p.group.group != "" {
+		r.fail(l, p.group, w)
+	}
 }
 
 // errHeldBack is what a row put back unsent, behind an earlier row of its
@@ -647,30 +688,63 @@ type claimedRow struct {
 	attempts                        int
 }
 
-// claim takes up to n claimable rows and begins their deliveries, in row
-// order. A row is claimable when it is unsent, its lease or backoff is
-// over, and no earlier unsent row of its (destination, group) is leased by
-// another relay or waiting out a backoff. Claims hold the table's advisory
-// lock exclusively, and result writes hold it shared, so a claim never sees
-// a half-written result. The results waiting to be written go first, in
-// the claim's transaction and round trip (unless writing them failed
-// lately: then they wait for flush, and the claim goes alone), so that
-// the claim sees them as a claim after a flush would.
-func (r *Relay) claim(ctx context.Context, l *loop, n int) {
-	token := randomID()
-	started := time.Now()
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
-	defer cancel()
+// claimCall is one claim under way: what it carries, and, once its
+// goroutine is done, what it found.
+type claimCall struct {
+	n       int       // the most rows it asks for
+	token   int64     // its claim's id
+	owner   int64     // the owner id it claims as
+	started time.Time // when it was sent
+	marks   *marks    // the results it writes first; nil: none
+	writes  int       // statements those take
+
+	// Set by its goroutine:
+	rows []claimedRow
+	err  error
+}
+
+// startClaim sends a claim of up to n claimable rows, on a goroutine of its
+// own; finishClaim takes its answer, on claimed. A row is claimable when it
+// is unsent, its lease or backoff is over, no earlier unsent row of its
+// (destination, group) is leased by another relay or waiting out a
+// backoff, and its group is not failing in this relay (see window).
+// Claims hold the table's advisory lock exclusively, and result writes
+// hold it shared, so a claim never sees a half-written result. The results
+// waiting to be written go first, in the claim's transaction and round
+// trip (unless writing them failed lately: then they wait for flush, and
+// the claim goes alone), so that the claim sees them as a claim after a
+// flush would.
+func (r *Relay) startClaim(ctx context.Context, l *loop, n int) {
+	c := &claimCall{n: n, token: randomID(), owner: r.owner.Load(), started: time.Now()}
 	b := &pgx.Batch{}
 	b.Queue(claimSetup, r.lockKey)
-	writes := 0
 	if l.marks.len() > 0 && l.flushFails == 0 {
-		writes = r.queueMarks(b, &l.marks)
+		// The claim's goroutine reads these marks: the loop records new
+		// results in a fresh set meanwhile.
+		taken := l.marks
+		c.marks = &taken
+		l.marks = marks{}
+		c.writes = r.queueMarks(b, c.marks)
 	}
-	b.Queue(claimSQL(r.table, r.leases), r.owner.Load(), n, token, r.cfg.Lease.Microseconds())
-	res := r.cfg.DB.SendBatch(qctx, b)
-	var rows []claimedRow
-	_, err := res.Exec()
+	var skipDest, skipGroup []string
+	for k := range l.failing {
+		skipDest, skipGroup = append(skipDest, k.destination), append(skipGroup, k.group)
+	}
+	b.Queue(claimSQL(r.table, r.leases), c.owner, n, c.token, r.cfg.Lease.Microseconds(), skipDest, skipGroup)
+	l.claiming = c
+	go func() {
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+		defer cancel()
+		c.rows, c.err = r.sendClaim(qctx, b, c.writes)
+		l.claimed <- c
+	}()
+}
+
+// sendClaim sends a claim's batch: setup, writes, then the claim, whose
+// rows it returns.
+func (r *Relay) sendClaim(ctx context.Context, b *pgx.Batch, writes int) (rows []claimedRow, err error) {
+	res := r.cfg.DB.SendBatch(ctx, b)
+	_, err = res.Exec()
 	for i := 0; err == nil && i < writes; i++ {
 		_, err = res.Exec()
 	}
@@ -694,29 +768,48 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	if cerr := res.Close(); err == nil {
 		err = cerr
 	}
-	r.statements.Add(int64(1 + writes))
-	if err != nil {
+	return rows, err
+}
+
+// finishClaim takes the answer of the claim under way: the results it
+// carried are written, and its rows are begun in row order. Before it
+// begins them, the next claim is sent if there is room for it, so that
+// the database claims while this relay begins rows: that claim skips the
+// groups failing now, and rows of groups that fail later wait (window), so
+// no row of a group begins before a row of it put back earlier.
+func (r *Relay) finishClaim(ctx context.Context, l *loop, c *claimCall, stopping bool) {
+	l.claiming = nil
+	r.statements.Add(int64(1 + c.writes))
+	now := time.Now()
+	if c.err != nil {
 		// The claim may have committed: its rows and group leases are
 		// then this owner's, unknown to the relay. A new owner makes them
 		// block this relay's later claims as they block other relays',
 		// until their lease ends and they are claimed again, first. The
 		// relay's own known claims block it too until their rows are
 		// written.
-		r.owner.Store(randomID())
+		if r.owner.Load() == c.owner {
+			r.owner.Store(randomID())
+		}
 		if ctx.Err() == nil {
-			r.log.Error("outbox: claim failed", "err", err)
+			r.log.Error("outbox: claim failed", "err", c.err)
 		}
-		if writes > 0 && ctx.Err() == nil { // at the end, finish writes them
-			r.writeFailed(l, err)
+		if c.marks != nil {
+			c.marks.add(&l.marks)
+			l.marks = *c.marks
+			if ctx.Err() == nil { // at the end, finish writes them
+				r.writeFailed(l, c.err)
+			}
 		}
-		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
+		l.nextClaim = now.Add(r.cfg.PollInterval)
 		return
 	}
-	if writes > 0 {
-		r.written(ctx, l)
+	if c.marks != nil {
+		r.written(ctx, l, c.marks)
 	}
-	if len(rows) < n {
-		l.nextClaim = time.Now().Add(r.cfg.PollInterval)
+	rows := c.rows
+	if len(rows) < c.n {
+		l.nextClaim = now.Add(r.cfg.PollInterval)
 	}
 	if len(rows) == 0 {
 		return
@@ -726,40 +819,42 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 	if r.metrics != nil {
 		r.metrics.claimed.Add(ctx, int64(len(rows)), r.metrics.attrs)
 	}
+	// Answers that came in meanwhile first: a failure holds its group back.
+	r.take(l, now)
+	r.inflight.Add(int64(len(rows)))
+	if n := r.claimRoom(l, now, stopping); n > 0 {
+		r.startClaim(ctx, l, n)
+	}
 	// The Sender gives up before the lease ends, so that its answer can
 	// be written while the row is still this relay's.
-	deadline := started.Add(r.cfg.Lease - r.cfg.Lease/4)
-	// Answers that came in meanwhile first: a failure holds its group back.
-	now := time.Now()
-	r.take(l, now)
+	deadline := c.started.Add(r.cfg.Lease - r.cfg.Lease/4)
 	leases := map[groupKey]*lease{}
-	for _, c := range rows {
-		p := &pendingRow{run: l.run, id: c.id, claim: token, attempts: c.attempts, group: groupKey{c.destination, c.group},
-			deadline: deadline, destination: c.destination}
-		if c.group != "" {
+	for _, row := range rows {
+		p := &pendingRow{run: l.run, id: row.id, claim: c.token, attempts: row.attempts, group: groupKey{row.destination, row.group},
+			deadline: deadline, destination: row.destination}
+		if row.group != "" {
 			ls := leases[p.group]
 			if ls == nil {
-				ls = &lease{claim: token, group: p.group}
+				ls = &lease{claim: c.token, group: p.group}
 				leases[p.group] = ls
 			}
 			ls.rows++
 			p.lease = ls
 		}
-		p.message = codec.Message{Tenant: c.tenant, Group: c.group, IdempotencyKey: c.key, Body: c.body}
+		p.message = codec.Message{Tenant: row.tenant, Group: row.group, IdempotencyKey: row.key, Body: row.body}
 		if p.message.IdempotencyKey == "" {
-			p.message.IdempotencyKey = strconv.FormatInt(c.id, 10)
+			p.message.IdempotencyKey = strconv.FormatInt(row.id, 10)
 		}
-		r.inflight.Add(1)
 		l.pending = append(l.pending, p)
-		if len(c.attributes) > 0 {
+		if len(row.attributes) > 0 {
 			var err error
-			if p.message.Attributes, err = decodeAttributes(c.attributes); err != nil {
-				err = codec.Permanent(fmt.Errorf("sinkbatch/outbox: row %d: attributes: %w", c.id, err))
+			if p.message.Attributes, err = decodeAttributes(row.attributes); err != nil {
+				err = codec.Permanent(fmt.Errorf("sinkbatch/outbox: row %d: attributes: %w", row.id, err))
 				r.answered(l, answer{p: p, err: err}, now)
 				continue
 			}
 		}
-		if c.group == "" {
+		if row.group == "" {
 			r.begin(l, p, nil)
 			continue
 		}
@@ -769,7 +864,7 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 			w = &window{deadline: deadline}
 			l.groups[p.group] = w
 			r.begin(l, p, w)
-		case w.failed:
+		case w.failing():
 			r.putBack(l, p, now)
 		case len(w.held) > 0 || w.deadline.Sub(now) < r.cfg.Lease/2:
 			w.held = append(w.held, p)
@@ -778,6 +873,20 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 		}
 	}
 	l.pending = slices.DeleteFunc(l.pending, func(p *pendingRow) bool { return p.answered })
+}
+
+// claimRoom is how many rows to claim now: 0 when a claim is under way,
+// the relay stops or waits before it claims again, or fewer rows than a
+// claim's worth have room (unless nothing is in flight).
+func (r *Relay) claimRoom(l *loop, now time.Time, stopping bool) int {
+	if l.claiming != nil || stopping || now.Before(l.nextClaim) {
+		return 0
+	}
+	room := r.cfg.Inflight - int(r.inflight.Load())
+	if room >= min(r.cfg.ClaimBatch, max(1, r.cfg.Inflight/2)) || (room > 0 && r.inflight.Load() == 0) {
+		return min(room, r.cfg.ClaimBatch)
+	}
+	return 0
 }
 
 // claimSetup begins a claim's transaction: it takes the table's claim lock
@@ -789,7 +898,9 @@ func (r *Relay) claim(ctx context.Context, l *loop, n int) {
 const claimSetup = `SELECT pg_advisory_xact_lock($1), set_config('enable_sort', 'off', true)`
 
 // claimSQL is the claim: $1 the relay's owner id, $2 the most rows, $3
-// the claim's token, $4 the lease in microseconds. It changes no indexed
+// the claim's token, $4 the lease in microseconds, $5 and $6 the
+// destinations and groups of this relay's failing windows, whose rows it
+// skips. It changes no indexed
 // column of the rows it claims (owner, claim, attempts, lease_until), so
 // that each row's new version can be a HOT update, and records one lease
 // per group it took rows of. A group is blocked after its first row that
@@ -813,6 +924,7 @@ WITH blocked AS (
 	SELECT o.ctid FROM %[1]s o
 	WHERE o.state = 0 AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())
 	  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.destination = o.destination AND b.grp = o.grp AND b.first < o.id)
+	  AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS f(destination, grp) WHERE f.destination = o.destination AND f.grp = o.grp)
 	ORDER BY o.id
 	LIMIT $2
 	FOR UPDATE OF o SKIP LOCKED
@@ -846,7 +958,7 @@ func (r *Relay) flush(ctx context.Context, l *loop) {
 		r.writeFailed(l, err)
 		return
 	}
-	r.written(ctx, l)
+	r.written(ctx, l, &l.marks)
 }
 
 // queueMarks queues the statements that write m, and returns how many. A
@@ -893,18 +1005,18 @@ func (r *Relay) writeFailed(l *loop, err error) {
 	l.flushAt = time.Now().Add(min(time.Duration(l.flushFails)*r.cfg.FlushInterval, r.cfg.Lease/4))
 }
 
-// written takes the marks as written: groups held back behind a failure
-// go on, and the counts move.
-func (r *Relay) written(ctx context.Context, l *loop) {
-	m := &l.marks
+// written takes m as written: groups that waited only for these marks go
+// on, and the counts move. m is reset.
+func (r *Relay) written(ctx context.Context, l *loop, m *marks) {
 	l.flushFails = 0
-	for _, k := range l.failed {
+	for _, k := range m.failed {
 		if w := l.groups[k]; w != nil {
-			w.failed = false
-			r.advance(l, k, w, time.Now())
+			if w.failures--; w.failures == 0 {
+				delete(l.failing, k)
+				r.advance(l, k, w, time.Now())
+			}
 		}
 	}
-	l.failed = l.failed[:0]
 	var dead, retried int64
 	for _, d := range m.dead {
 		if d {
@@ -968,7 +1080,8 @@ func (r *Relay) ExplainClaim(ctx context.Context, analyze bool) (string, error) 
 	if analyze {
 		verb = "EXPLAIN (ANALYZE, BUFFERS)"
 	}
-	rows, err := tx.Query(ctx, verb+claimSQL(r.table, r.leases), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds())
+	rows, err := tx.Query(ctx, verb+claimSQL(r.table, r.leases), r.owner.Load(), r.cfg.ClaimBatch, int64(0), r.cfg.Lease.Microseconds(),
+		[]string{}, []string{})
 	if err != nil {
 		return "", err
 	}
