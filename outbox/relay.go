@@ -27,7 +27,7 @@ import (
 const (
 	DefaultLease         = 30 * time.Second
 	DefaultInflight      = 4096
-	DefaultClaimBatch    = 1000
+	DefaultClaimBatch    = 2000
 	DefaultPollInterval  = 100 * time.Millisecond
 	DefaultFlushInterval = 50 * time.Millisecond
 	DefaultFlushRows     = 1000
@@ -50,8 +50,10 @@ type Config struct {
 	// none (the global provider is never read).
 	MeterProvider metric.MeterProvider
 
-	// ClaimBatch is the most rows one claim takes; default 1000, at most
-	// Inflight.
+	// ClaimBatch is the most rows one claim takes; default 2000, at most
+	// Inflight. A busy relay claims a batch while it begins the last one's
+	// rows, so a claim costs its round trip and a walk past the rows in
+	// flight: larger claims cost less per row, up to half of Inflight.
 	ClaimBatch int
 	// PollInterval is how long a relay whose last claim found fewer rows
 	// than it asked for waits before it claims again.
