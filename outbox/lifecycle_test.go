@@ -139,3 +139,47 @@ func TestANewRunRelaysTheRowsAnEarlierRunLeftUnanswered(t *testing.T) {
 	defer s.mu.Unlock()
 	assert.Equal(t, []string{"1", "2"}, s.keys, "row 1 again, first")
 }
+
+// forgetful is an OrderedSender that loses the answer of each row's first
+// delivery (it never calls done) and accepts every later one.
+type forgetful struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (f *forgetful) Send(context.Context, string, codec.Message) (codec.Result, error) {
+	panic("forgetful: Send is not used by a relay with an OrderedSender")
+}
+
+func (f *forgetful) Begin(_ string, m codec.Message, _ time.Time, done func(codec.Result, error)) {
+	f.mu.Lock()
+	again := f.seen[m.IdempotencyKey]
+	f.seen[m.IdempotencyKey] = true
+	f.mu.Unlock()
+	if again {
+		done(codec.Result{ID: "m-" + m.IdempotencyKey}, nil)
+	}
+}
+
+// A row whose answer never comes is given up on a Lease after its
+// deadline, put back (its lease is long over) and sent again, in order.
+func TestRowsWhoseAnswerNeverComesArePutBackAndSentAgain(t *testing.T) {
+	db := pool(t)
+	table := newTable(t, db)
+	var rows []outbox.Row
+	for i := range 6 {
+		rows = append(rows, outbox.Row{Destination: "d", Group: "g", Body: []byte{byte(i)}})
+	}
+	insert(t, db, table, rows...)
+	const lease = 200 * time.Millisecond
+	r, err := outbox.New(outbox.Config{DB: db, Table: table, Sender: &forgetful{seen: map[string]bool{}}, Lease: lease,
+		Backoff: time.Millisecond, MaxBackoff: time.Millisecond, PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	stop := run(t, r)
+	require.Eventually(t, func() bool { return r.Stats().Sent == 6 }, 20*lease, 5*time.Millisecond,
+		"rows whose answer was lost are sent again: %+v", r.Stats())
+	require.NoError(t, stop())
+	assert.GreaterOrEqual(t, r.Stats().Retried, int64(6), "each row was put back once")
+	unsent, _, _ := counts(t, db, table)
+	assert.Zero(t, unsent)
+}

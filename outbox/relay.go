@@ -348,8 +348,10 @@ type loop struct {
 	// claiming is the claim under way, if any: its answer comes on
 	// claimed. At most one is under way, and nothing else is written
 	// meanwhile.
-	claiming   *claimCall
-	claimed    chan *claimCall
+	claiming *claimCall
+	claimed  chan *claimCall
+	// overdueAt: no begun row is overdue (see expire) before this
+	overdueAt  time.Time
 	nextClaim  time.Time // no claim before this (the last found too little, or failed)
 	nextSweep  time.Time // KeepSent clean-up
 	flushFails int
@@ -410,7 +412,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		// Wait for an answer, a timer, or the end.
 		next := now.Add(time.Hour)
-		if l.marks.len() > 0 {
+		if l.marks.len() > 0 && l.claiming == nil { // a claim under way wakes the loop as it ends
 			next = maxTime(l.marks.since.Add(r.cfg.FlushInterval), l.flushAt)
 		}
 		if !stopping {
@@ -587,14 +589,22 @@ func (r *Relay) begin(l *loop, p *pendingRow, w *window) {
 		p.deadline = w.deadline
 	}
 	p.begun = true
+	if at := p.deadline.Add(r.cfg.Lease); at.Before(l.overdueAt) {
+		l.overdueAt = at
+	}
 	r.sender.Begin(p.destination, p.message, p.deadline, r.answerFor(p))
 }
 
 // expire gives up on begun rows whose answer is a Lease overdue (a
 // Sender that lost it): their leases, long over, let any relay claim them
 // again, and they are put back as failed. It returns when the next begun
-// row will be overdue.
+// row will be overdue, and looks at the rows only from then on (begin
+// brings that time forward).
 func (r *Relay) expire(l *loop, now time.Time) (next time.Time) {
+	if now.Before(l.overdueAt) {
+		return l.overdueAt
+	}
+	defer func() { l.overdueAt = next }()
 	next = now.Add(time.Hour)
 	var lost []*pendingRow
 	for _, p := range l.pending {
