@@ -403,7 +403,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		claim := r.claimRoom(l, now, stopping)
 		// A claim writes the marks in its own round trip (see
 		// startClaim); nothing is written while one is under way.
-		due := stopping || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
+		due := stopping || l.flushFails > 0 || l.marks.len() >= r.cfg.FlushRows || now.Sub(l.marks.since) >= r.cfg.FlushInterval
 		if l.claiming == nil && l.marks.len() > 0 && due && !now.Before(l.flushAt) && !(claim > 0 && l.flushFails == 0) {
 			r.flush(ctx, l)
 		}
@@ -888,10 +888,15 @@ func (r *Relay) finishClaim(ctx context.Context, l *loop, c *claimCall, stopping
 }
 
 // claimRoom is how many rows to claim now: 0 when a claim is under way,
-// the relay stops or waits before it claims again, or fewer rows than a
+// the relay stops or waits before it claims again, a write that failed is
+// due again (claims then go without the marks, and a claim sent as the
+// last one ends would leave the write no turn), or fewer rows than a
 // claim's worth have room (unless nothing is in flight).
 func (r *Relay) claimRoom(l *loop, now time.Time, stopping bool) int {
 	if l.claiming != nil || stopping || now.Before(l.nextClaim) {
+		return 0
+	}
+	if l.flushFails > 0 && l.marks.len() > 0 && !now.Before(l.flushAt) {
 		return 0
 	}
 	room := r.cfg.Inflight - int(r.inflight.Load())
