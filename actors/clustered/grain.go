@@ -76,6 +76,10 @@ type retryTick struct{}
 // stopTick ends a yielded grain's linger.
 type stopTick struct{}
 
+// stopNow stops a grain whose name is gone (see grain.stop): everything
+// sent to it before is in its mailbox ahead of it.
+type stopNow struct{}
+
 // adopted tells a waiting grain that no adoption of its destination's
 // handed-over pauses is in flight any more (ledger.adopting).
 type adopted struct{}
@@ -106,6 +110,9 @@ type grain struct {
 	held        *held                // the grain's ledger entry, from register
 	buffered    []parked             // deliveries received while waiting, in order
 	timer       *time.Timer
+	// process is the grain's own, kept once its name is gone (see stop):
+	// its PID no longer reaches it.
+	process actor.Process
 }
 
 // parked is a delivery a waiting grain holds.
@@ -165,7 +172,9 @@ func (g *grain) Receive(ctx actor.Context) {
 	case yield:
 		g.yield(ctx)
 	case stopTick:
-		ctx.Stop(ctx.Self())
+		g.stop(ctx)
+	case stopNow:
+		g.process.Stop(ctx.Self())
 	case *actor.Stopping:
 		g.abandonPosts(ctx)
 		g.refuseBuffered()
@@ -523,6 +532,30 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
 	}
 	n.apply(n.ledger.answered(h))
+}
+
+// stop ends the grain's linger. protoactor drops, unanswered, the messages
+// still in a mailbox when its actor stops: a caller whose delivery was on
+// its way would wait until its deadline, since its owner's member is still
+// there and nothing fails the call. So the grain's name goes first: what is
+// sent to it from then on comes back to its sender as a dead letter, which
+// answers the delivery not sent; what is already in its mailbox is refused
+// ("not the owner") as during the linger, and the grain stops once stopNow,
+// sent behind it, comes.
+func (g *grain) stop(ctx actor.Context) {
+	if g.process != nil {
+		// Stopping already: a tick armed before the first one came.
+		return
+	}
+	self := ctx.Self()
+	p, ok := g.n.system.ProcessRegistry.GetLocal(self.Id)
+	if !ok {
+		ctx.Stop(self)
+		return
+	}
+	g.process = p
+	g.n.system.ProcessRegistry.Remove(self)
+	p.SendUserMessage(self, stopNow{})
 }
 
 // yield stops admitting for good: buffered deliveries are refused, the
