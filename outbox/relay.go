@@ -340,11 +340,10 @@ func (m *marks) add(o *marks) {
 
 // loop is Run's state, touched only by Run's goroutine.
 type loop struct {
-	run     uint64                // which Run this is (Relay.runs)
-	groups  map[groupKey]*window  // deleted when empty
-	failing map[groupKey]struct{} // the windows that are failing
-	pending []*pendingRow         // rows not answered yet, in claim order; compacted as they are answered
-	marks   marks                 // results not written yet, nor in a claim under way
+	run     uint64               // which Run this is (Relay.runs)
+	groups  map[groupKey]*window // deleted when empty
+	pending []*pendingRow        // rows not answered yet, in claim order; compacted as they are answered
+	marks   marks                // results not written yet, nor in a claim under way
 	// claiming is the claim under way, if any: its answer comes on
 	// claimed. At most one is under way, and nothing else is written
 	// meanwhile.
@@ -383,7 +382,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if _, err := r.cfg.DB.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s LIMIT 0`, r.leases)); err != nil {
 		return fmt.Errorf("sinkbatch/outbox: table %s_leases (CreateTable makes it): %w", r.cfg.Table, err)
 	}
-	l := &loop{groups: map[groupKey]*window{}, failing: map[groupKey]struct{}{}, run: r.runs, claimed: make(chan *claimCall, 1)}
+	l := &loop{groups: map[groupKey]*window{}, run: r.runs, claimed: make(chan *claimCall, 1)}
 	var stopAt time.Time // set when ctx ends
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -542,9 +541,6 @@ func (r *Relay) answered(l *loop, a answer, now time.Time) {
 // fail counts one mark of a row of w's group, other than sent, that the
 // group waits for (see window).
 func (r *Relay) fail(l *loop, k groupKey, w *window) {
-	if w.failures == 0 {
-		l.failing[k] = struct{}{}
-	}
 	w.failures++
 	l.marks.failed = append(l.marks.failed, k)
 }
@@ -739,8 +735,10 @@ func (r *Relay) startClaim(ctx context.Context, l *loop, n int) {
 		c.writes = r.queueMarks(b, c.marks)
 	}
 	var skipDest, skipGroup []string
-	for k := range l.failing {
-		skipDest, skipGroup = append(skipDest, k.destination), append(skipGroup, k.group)
+	for k, w := range l.groups {
+		if w.failing() {
+			skipDest, skipGroup = append(skipDest, k.destination), append(skipGroup, k.group)
+		}
 	}
 	b.Queue(claimSQL(r.table, r.leases), c.owner, n, c.token, r.cfg.Lease.Microseconds(), skipDest, skipGroup)
 	l.claiming = c
@@ -800,9 +798,7 @@ func (r *Relay) finishClaim(ctx context.Context, l *loop, c *claimCall, stopping
 		// until their lease ends and they are claimed again, first. The
 		// relay's own known claims block it too until their rows are
 		// written.
-		if r.owner.Load() == c.owner {
-			r.owner.Store(randomID())
-		}
+		r.owner.Store(randomID())
 		if ctx.Err() == nil {
 			r.log.Error("outbox: claim failed", "err", c.err)
 		}
@@ -923,8 +919,9 @@ const claimSetup = `SELECT pg_advisory_xact_lock($1), set_config('enable_sort', 
 // per group it took rows of. A group is blocked after its first row that
 // another relay's live lease holds (from the leases table) or that waits
 // out a backoff (available_at, through its index). The rows to update
-// are found by their ids (= ANY), so the update is a primary-key lookup
-// whatever the planner thinks of the table's size.
+// are found by the ctids the locking walk returned (= ANY), so the update
+// is a TID scan whatever the planner thinks of the table's size; a row
+// whose version changed since is not updated, hence not claimed.
 func claimSQL(t, leases string) string {
 	return fmt.Sprintf(`
 WITH blocked AS (
@@ -1029,7 +1026,6 @@ func (r *Relay) written(ctx context.Context, l *loop, m *marks) {
 	for _, k := range m.failed {
 		if w := l.groups[k]; w != nil {
 			if w.failures--; w.failures == 0 {
-				delete(l.failing, k)
 				r.advance(l, k, w, time.Now())
 			}
 		}

@@ -59,17 +59,7 @@ func Local(inst *actors.Instance, destinations map[string]codec.Codec) Sender {
 	for k, v := range destinations {
 		dests[k] = v
 	}
-	s := &actorSender{system: inst.System(), target: inst.PID}
-	s.message = func(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) (*messages.Deliver, error) {
-		c, ok := dests[destination]
-		if !ok || c == nil {
-			return nil, &UnknownDestinationError{Destination: destination}
-		}
-		call := &localCall{done: done}
-		call.direct = actors.Direct{Listener: call, Sender: s.answers, Room: &call.room}
-		call.deliver = messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &call.direct}
-		return &call.deliver, nil
-	}
+	s := &localSender{system: inst.System(), target: inst.PID, dests: dests}
 	s.start()
 	return s
 }
@@ -125,18 +115,18 @@ func (s clusterSender) Send(ctx context.Context, destination string, m codec.Mes
 	return s.node.DeliverResult(ctx, destination, m)
 }
 
-// actorSender sends the actor form of a delivery to target from the
-// caller's goroutine, with an actor of its own as the sender, so that
-// deliveries begun one after the other reach the batcher in that order and
-// their answers come back as messages.
-type actorSender struct {
+// localSender sends each delivery to target from the caller's goroutine,
+// so that deliveries begun one after the other reach the batcher in that
+// order, each naming its own localCall as the Listener the batcher
+// answers. Its answers actor takes the answers that come as messages.
+type localSender struct {
 	system  *actor.ActorSystem
 	target  func() *actor.PID
-	message func(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) (*messages.Deliver, error)
+	dests   map[string]codec.Codec
 	answers *actor.PID
 }
 
-func (s *actorSender) start() {
+func (s *localSender) start() {
 	s.answers = s.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if d, ok := c.Message().(*messages.Delivered); ok {
 			if r, ok := d.Ref.(*actors.Direct); ok {
@@ -149,18 +139,21 @@ func (s *actorSender) start() {
 }
 
 // Begin implements OrderedSender.
-func (s *actorSender) Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) {
-	msg, err := s.message(destination, m, deadline, done)
-	if err != nil {
-		done(codec.Result{}, err)
+func (s *localSender) Begin(destination string, m codec.Message, deadline time.Time, done func(codec.Result, error)) {
+	c, ok := s.dests[destination]
+	if !ok || c == nil {
+		done(codec.Result{}, &UnknownDestinationError{Destination: destination})
 		return
 	}
+	call := &localCall{done: done}
+	call.direct = actors.Direct{Listener: call, Sender: s.answers, Room: &call.room}
+	call.deliver = messages.Deliver{Codec: c, Message: m, Deadline: deadline, Ref: &call.direct}
 	// No envelope: the batcher answers the Direct's Listener.
-	s.system.Root.Send(s.target(), msg)
+	s.system.Root.Send(s.target(), &call.deliver)
 }
 
 // Send implements Sender: Begin, then wait for the answer or ctx.
-func (s *actorSender) Send(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
+func (s *localSender) Send(ctx context.Context, destination string, m codec.Message) (codec.Result, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(actors.DefaultTimeout)
