@@ -134,13 +134,13 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if !retry {
 		e.rank = d.q.newRank()
 	}
-	if e.left == nil && e.to.sender != nil {
+	if e.silent() {
 		d.q.silentSeen = true
 	}
 	a.reason, a.ok = d.q.admit(e, now)
 	a.retry = retry
 	if !a.ok && sweep {
-		if a.ask = d.q.silent(nil); len(a.ask) > 0 {
+		if a.ask = d.q.silent(); len(a.ask) > 0 {
 			return a
 		}
 	}
@@ -183,7 +183,7 @@ func (d *dispatch) silent() []*entry {
 	if d.down || d.q.queued+d.q.waits.n == 0 {
 		return nil
 	}
-	return d.q.silent(nil)
+	return d.q.silent()
 }
 
 // admitRest is admit from e's first try onward: a sweep for room if that
