@@ -558,13 +558,10 @@ func (d *dispatch) inherited() bool {
 	return d.goroutines.Load() > int64(d.own)
 }
 
-// sweep removes every queued entry whose deadline has passed or whose
-// caller is gone, and returns them.
-func (d *dispatch) sweep(now int64) []*entry { return d.sweepGone(now, nil) }
-
-// sweepGone is sweep, where gone are entries of silent whose callers the
-// driver found gone, outside the lock: they are dropped with the others
-// (a waiter among them passes its turn on).
+// sweepGone removes every queued or waiting entry whose deadline has
+// passed or whose caller is gone, and returns them. gone are entries of
+// silent whose callers the driver found gone, outside the lock: they are
+// dropped with the others (a waiter among them passes its turn on).
 func (d *dispatch) sweepGone(now int64, gone []*entry) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()

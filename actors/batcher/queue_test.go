@@ -53,8 +53,6 @@ func refs(es []*entry) []string {
 	return out
 }
 
-func everyoneAlive(*entry) bool { return true }
-
 func admitAll(t *testing.T, q *queue, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
