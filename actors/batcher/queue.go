@@ -41,6 +41,8 @@ type entry struct {
 	rank uint64
 	// left, if set, is its caller's word that it gave up (Room.Leave):
 	// an atomic the caller sets, which the rules read and never write.
+	// An entry with no Room has none until the driver finds its caller
+	// gone; markLeft then points it at leftWord, under dispatch.mu.
 	left *atomic.Bool
 	// heldBy: the entry was taken out because its group paused; it is
 	// answered GroupPausedError naming this key (pause.go).
