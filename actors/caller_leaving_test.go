@@ -17,6 +17,15 @@ import (
 	"github.com/ankusa/sinkbatch/messages"
 )
 
+// sendDirect delivers m to inst for the Listener l, as the call numbered
+// id of the process named name, with no Room: l alone says whether the
+// call still waits.
+func sendDirect(system *actor.ActorSystem, inst *actors.Instance, c codec.Codec, m codec.Message, l actors.Listener, name string, id uint32) {
+	sender := actor.NewPID(system.Address(), name)
+	sender.RequestId = id
+	system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: m, Ref: &actors.Direct{Listener: l, Sender: sender}})
+}
+
 // panicsBeforeSend is a Listener that answers Listening true on a
 // delivery's arrival and panics when the request goroutine asks again for
 // the call numbered victim; it records every answer per call.
@@ -57,9 +66,7 @@ func TestAListeningPanicBeforeTheSendAnswersEveryCallerOnce(t *testing.T) {
 	const n = 12
 	p := &panicsBeforeSend{victim: 6, asked: map[uint32]int{}, answers: map[uint32][]codec.Result{}, answered: make(chan struct{}, 2*n)}
 	for i := range n {
-		sender := actor.NewPID(system.Address(), "panics-before-send")
-		sender.RequestId = uint32(i + 1)
-		system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: msg("t", "", fmt.Sprint(i+1)), Ref: &actors.Direct{Listener: p, Sender: sender}})
+		sendDirect(system, inst, c, msg("t", "", fmt.Sprint(i+1)), p, "panics-before-send", uint32(i+1))
 	}
 	for range n {
 		select {
@@ -139,9 +146,7 @@ func TestABatchWhoseCallersAllLeftBeforeItsSendMakesNoRequest(t *testing.T) {
 	l := &leavesBeforeSend{last: 4, asked: map[uint32]int{}, answers: map[uint32][]codec.Result{}, forgotten: map[uint32]int{}, settled: make(chan struct{}, 16)}
 	send := func(from, to uint32) {
 		for i := from; i <= to; i++ {
-			sender := actor.NewPID(system.Address(), "all-left")
-			sender.RequestId = i
-			system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: msg("t", "g", fmt.Sprint(i)), Ref: &actors.Direct{Listener: l, Sender: sender}})
+			sendDirect(system, inst, c, msg("t", "g", fmt.Sprint(i)), l, "all-left", i)
 		}
 	}
 	wait := func(n int) {
@@ -260,9 +265,7 @@ func TestAListeningPanicWhileAFullQueueIsSweptAnswersEveryCallerOnce(t *testing.
 	plugged := plug(t, inst, c, v, within)
 	p := &panicsBeforeSend{victim: 1, asked: map[uint32]int{}, answers: map[uint32][]codec.Result{}, answered: make(chan struct{}, 8)}
 	send := func(i uint32) {
-		sender := actor.NewPID(system.Address(), "panics-on-sweep")
-		sender.RequestId = i
-		system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: codec.Message{Tenant: "t", Body: []byte(fmt.Sprint(i))}, Ref: &actors.Direct{Listener: p, Sender: sender}})
+		sendDirect(system, inst, c, codec.Message{Tenant: "t", Body: []byte(fmt.Sprint(i))}, p, "panics-on-sweep", i)
 	}
 	send(1)
 	send(2)

@@ -14,7 +14,6 @@ import (
 	"github.com/ankusa/sinkbatch/actors"
 	"github.com/ankusa/sinkbatch/codec"
 	"github.com/ankusa/sinkbatch/internal/fakecodec"
-	"github.com/ankusa/sinkbatch/messages"
 )
 
 // reentrant is a Listener whose Listening asks the instance for its
@@ -62,9 +61,7 @@ func TestListeningIsNeverAskedUnderTheRulesLock(t *testing.T) {
 	for i := range n {
 		m := msg("t", fmt.Sprint("g", i%3), fmt.Sprint(i))
 		m.IdempotencyKey = fmt.Sprint("k", i)
-		sender := actor.NewPID(system.Address(), "reentrant")
-		sender.RequestId = uint32(i + 1)
-		system.Root.Send(inst.PID(), &messages.Deliver{Codec: c, Message: m, Ref: &actors.Direct{Listener: r, Sender: sender}})
+		sendDirect(system, inst, c, m, r, "reentrant", uint32(i+1))
 	}
 	for range n {
 		select {

@@ -134,13 +134,13 @@ func (d *dispatch) admit(e *entry, now int64, sweep bool) admission {
 	if !retry {
 		e.rank = d.q.newRank()
 	}
-	if e.left == nil && e.to.sender != nil {
+	if e.silent() {
 		d.q.silentSeen = true
 	}
 	a.reason, a.ok = d.q.admit(e, now)
 	a.retry = retry
 	if !a.ok && sweep {
-		if a.ask = d.q.silent(nil); len(a.ask) > 0 {
+		if a.ask = d.q.silent(); len(a.ask) > 0 {
 			return a
 		}
 	}
@@ -183,7 +183,7 @@ func (d *dispatch) silent() []*entry {
 	if d.down || d.q.queued+d.q.waits.n == 0 {
 		return nil
 	}
-	return d.q.silent(nil)
+	return d.q.silent()
 }
 
 // admitRest is admit from e's first try onward: a sweep for room if that
@@ -558,13 +558,10 @@ func (d *dispatch) inherited() bool {
 	return d.goroutines.Load() > int64(d.own)
 }
 
-// sweep removes every queued entry whose deadline has passed or whose
-// caller is gone, and returns them.
-func (d *dispatch) sweep(now int64) []*entry { return d.sweepGone(now, nil) }
-
-// sweepGone is sweep, where gone are entries of silent whose callers the
-// driver found gone, outside the lock: they are dropped with the others
-// (a waiter among them passes its turn on).
+// sweepGone removes every queued or waiting entry whose deadline has
+// passed or whose caller is gone, and returns them. gone are entries of
+// silent whose callers the driver found gone, outside the lock: they are
+// dropped with the others (a waiter among them passes its turn on).
 func (d *dispatch) sweepGone(now int64, gone []*entry) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -223,9 +223,9 @@ func (h *fqHarness) fatalf(format string, args ...any) {
 	h.t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), fqTrail{h})
 }
 
-// aliveFuncs sets each queued entry's left flag (Room.Leave) from mask, for
+// setAlive sets each queued entry's left flag (Room.Leave) from mask, for
 // the queue, and returns the same word for the model.
-func (h *fqHarness) aliveFuncs(mask uint8) func(*refEntry) bool {
+func (h *fqHarness) setAlive(mask uint8) func(*refEntry) bool {
 	m := func(e *refEntry) bool { return mask>>(e.id%8)&1 == 1 }
 	for e, re := range h.twin {
 		e.left.Store(!m(re))
@@ -264,7 +264,7 @@ func fqReason(r messages.FullReason, ok bool) string {
 }
 
 func (h *fqHarness) take(mask uint8) {
-	mAlive := h.aliveFuncs(mask)
+	mAlive := h.setAlive(mask)
 	pre := h.snapshot()
 	qBatch, qGroups, qDropped := h.q.take(h.now)
 	mBatch, mGroups, mDropped := h.m.take(h.now, mAlive)
@@ -297,7 +297,7 @@ func (h *fqHarness) complete(i int) {
 }
 
 func (h *fqHarness) sweep(mask uint8) {
-	mAlive := h.aliveFuncs(mask)
+	mAlive := h.setAlive(mask)
 	dropped := h.refs(h.q.sweep(h.now))
 	want := h.m.sweep(h.now, mAlive)
 	h.logf("sweep at %d alive %08b -> dropped %v", h.now, mask, refNames(dropped))

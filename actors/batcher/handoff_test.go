@@ -17,6 +17,9 @@ func handoffDispatch(s settings) *dispatch {
 	return newDispatch(newQueue(s), &atomic.Int64{})
 }
 
+// sweep is sweepGone with no silent caller found gone.
+func (d *dispatch) sweep(now int64) []*entry { return d.sweepGone(now, nil) }
+
 // take launches one batch at the clock's time, which finish reads.
 func take(d *dispatch) *inflight {
 	d.mu.Lock()

@@ -41,6 +41,8 @@ type entry struct {
 	rank uint64
 	// left, if set, is its caller's word that it gave up (Room.Leave):
 	// an atomic the caller sets, which the rules read and never write.
+	// An entry with no Room has none until the driver finds its caller
+	// gone; markLeft then points it at leftWord, under dispatch.mu.
 	left *atomic.Bool
 	// heldBy: the entry was taken out because its group paused; it is
 	// answered GroupPausedError naming this key (pause.go).
@@ -49,6 +51,11 @@ type entry struct {
 
 // gone reports whether e's caller said it gave up (see left).
 func (e *entry) gone() bool { return e.left != nil && e.left.Load() }
+
+// silent reports whether e's caller may leave without a word: it has no
+// left flag to say so with, but a sender that may stop waiting (an actor's
+// future).
+func (e *entry) silent() bool { return e.left == nil && e.to.sender != nil }
 
 // leftWord is the left flag of an entry whose caller has no Room to say it
 // left with (an actor's future): the driver found it gone and sets it
@@ -59,18 +66,17 @@ var leftWord = func() *atomic.Bool {
 	return b
 }()
 
-// silent appends to buf the queued and waiting entries whose callers have
-// no way to say they left (no left flag) but may have (they have a
-// sender), and returns it: the driver asks about them outside its lock. It
-// costs O(queue + waiters), and nothing on a destination that never admitted
-// such an entry (only front-door callers, which have Rooms).
-func (q *queue) silent(buf []*entry) []*entry {
+// silent returns the queued and waiting entries whose callers may have
+// left without a word (entry.silent): the driver asks about them outside
+// its lock. It costs O(queue + waiters), and nothing on a destination that
+// never admitted such an entry (only front-door callers, which have Rooms).
+func (q *queue) silent() (buf []*entry) {
 	if !q.silentSeen {
-		return buf
+		return nil
 	}
 	add := func(es []*entry, from int, skip func(*entry) bool) {
 		for _, e := range es[from:] {
-			if e != nil && !skip(e) && e.left == nil && e.to.sender != nil {
+			if e != nil && !skip(e) && e.silent() {
 				buf = append(buf, e)
 			}
 		}

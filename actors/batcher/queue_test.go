@@ -53,8 +53,6 @@ func refs(es []*entry) []string {
 	return out
 }
 
-func everyoneAlive(*entry) bool { return true }
-
 func admitAll(t *testing.T, q *queue, es ...*entry) {
 	t.Helper()
 	for _, e := range es {
@@ -191,12 +189,15 @@ func TestTakeSkipsAGatedGroupWithoutScanningIt(t *testing.T) {
 	q := newQueue(s)
 	admitAll(t, q, mk("a", "g", 0, 1))
 	_, groups, _ := q.take(0)
+	// The gated group's callers have left: a take that looked at any of
+	// them would drop it.
 	for i := 1; i <= 50000; i++ {
-		admitAll(t, q, mk("a", "g", i, 1))
+		admitAll(t, q, leaving(mk("a", "g", i, 1)))
 	}
 	admitAll(t, q, mk("a", "", 1, 1))
-	batch, _, _ := q.take(0)
+	batch, _, dropped := q.take(0)
 	assert.Equal(t, []string{"a//1"}, refs(batch))
+	assert.Empty(t, dropped, "take looked at the gated group's entries")
 	q.complete(groups)
 	assert.Equal(t, 50000, q.ready)
 }

@@ -86,15 +86,15 @@ func (b *Batcher) dropLeft(f *inflight, buf *buffers) (panicked any) {
 		buf.gone = make([]bool, n)
 	}
 	gone := buf.gone[:n]
-	any := false
+	some := false
 	func() {
 		defer func() { panicked = recover() }()
 		for i, e := range f.entries {
 			gone[i] = !b.alive(e)
-			any = any || gone[i]
+			some = some || gone[i]
 		}
 	}()
-	if panicked != nil || !any {
+	if panicked != nil || !some {
 		return panicked
 	}
 	now := mono.Now()
