@@ -156,3 +156,27 @@ func TestAFaultInTheRulesAsCallersLeaveLeavesTheBatchToTheRestart(t *testing.T) 
 	assert.Len(t, f.claims, 3)
 	assert.ElementsMatch(t, []string{"a/g/1", "a/g/2", "a/h/1"}, refs(d.abandon(now, false)), "what the restart answers")
 }
+
+// An entry of a batch that the actor claimed already (it expired in
+// flight and was answered) stays in the batch when its own caller is then
+// found gone: the request goroutine does not drop it, so it is neither
+// answered again nor counted twice.
+func TestALeftEntryTheActorClaimedStaysWithItsAnswer(t *testing.T) {
+	s := testSettings()
+	s.maxEntries, s.linger = 10, 0
+	d := handoffDispatch(s)
+	now := int64(1000)
+	k1, k2 := keyed("a", "", 1, "k1"), keyed("a", "", 2, "k2")
+	k1.deadline = now + 10
+	require.True(t, d.admit(k1, now, false).ok)
+	require.True(t, d.admit(k2, now, false).ok)
+	f, _ := launchAt(d, now)
+	require.Equal(t, []string{"a//1", "a//2"}, refs(f.entries))
+
+	late, _ := d.expire(now + 10)
+	require.Equal(t, []string{"a//1"}, refs(late), "the actor claims and answers k1")
+	dropped, panicked := d.leave(f, []bool{true, true}, now+10)
+	require.Nil(t, panicked)
+	assert.Equal(t, []string{"a//2"}, refs(dropped), "only the unclaimed entry whose caller left is dropped")
+	assert.Equal(t, []string{"a//1"}, refs(f.entries), "the claimed entry stays, answered once by the actor")
+}
