@@ -500,15 +500,21 @@ func (a *admitted) Forgotten(*actor.PID) {
 	a.settled()
 	n := a.n
 	if a.unleased.Load() {
-		// Dropped for want of the lease, not by its caller: it was not
-		// sent, and its caller tries again.
-		if a.here {
-			n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
-		} else {
-			n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
-		}
+		// Dropped for want of the lease, not by its caller.
+		a.answerUnleased()
 	}
 	n.apply(n.ledger.answered(a.held))
+}
+
+// answerUnleased answers the delivery's caller that it was not sent for
+// want of the lease: a caller that admitted directly gets errUnleased,
+// another "not the owner"; either tries again.
+func (a *admitted) answerUnleased() {
+	if a.here {
+		a.n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
+	} else {
+		a.n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+	}
 }
 
 // Answer sends the delivery's answer to its caller and counts it answered
@@ -520,12 +526,10 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	n, h := a.n, a.held
 	a.settled()
 	switch {
-	case errors.Is(r.Err, errLeaseLapsed) && a.here:
-		// Not sent (the fenced codec made no request): its caller tries
-		// again, as for a delivery dropped for want of the lease.
-		n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
 	case errors.Is(r.Err, errLeaseLapsed):
-		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+		// Not sent (the fenced codec made no request): answered as a
+		// delivery dropped for want of the lease.
+		a.answerUnleased()
 	case a.here:
 		n.direct.answer(a.hereCall, a.token, r)
 	default:
