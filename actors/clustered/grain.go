@@ -434,9 +434,8 @@ type admitted struct {
 	held    *held      // the ledger entry it is counted in
 	replyTo *actor.PID // the caller process; nil: nobody is answered
 	call    uint32     // the DeliverRequest's
-	// here: admitted directly by a caller of this member (Node.here),
-	// whose call hereCall is, under token.
-	here     bool
+	// hereCall, if not nil: admitted directly by a caller of this member
+	// (Node.here), whose call it is, under token.
 	hereCall *directCall
 	token    uint64
 	answered atomic.Bool
@@ -473,7 +472,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 		return false
 	}
 	switch {
-	case a.here:
+	case a.hereCall != nil:
 		return a.hereCall.pending.Load() == a.token
 	case a.replyTo != nil:
 		return !a.n.cancels.has(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
@@ -510,7 +509,7 @@ func (a *admitted) Forgotten(*actor.PID) {
 // want of the lease: a caller that admitted directly gets errUnleased,
 // another "not the owner"; either tries again.
 func (a *admitted) answerUnleased() {
-	if a.here {
+	if a.hereCall != nil {
 		a.n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
 	} else {
 		a.n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
@@ -530,7 +529,7 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 		// Not sent (the fenced codec made no request): answered as a
 		// delivery dropped for want of the lease.
 		a.answerUnleased()
-	case a.here:
+	case a.hereCall != nil:
 		n.direct.answer(a.hereCall, a.token, r)
 	default:
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
