@@ -200,7 +200,7 @@ func (n *Node) here(ctx context.Context, deadline time.Time, destination string,
 		return codec.Result{}, true, errQuitUnsent
 	}
 	a := newAdmitted()
-	a.here, a.hereCall, a.token = true, c, token
+	a.hereCall, a.token = c, token
 	n.admit(a, h, 0, messages.Deliver{
 		Codec:       n.cfg.Destinations[destination],
 		Message:     m,

@@ -104,10 +104,7 @@
 // it left (a member that takes part in leases confirms by answering a
 // probe sent behind the word; Leave waits at most 2 s for that): a call
 // still waiting for it then was never admitted, and goes to the next
-// owner. Measured on
-// loopback with the automanaged provider polling every 200 ms and a
-// destination that answers in 300 ms: the slowest delivery took 1.1 s
-// across a join and 1.3 s across a leave, against 0.3-0.6 s before it.
+// owner.
 //
 // Tuning.StrictGroups pauses move with their destination. A group paused
 // on the old owner (a message of it failed retryably, and neither its
@@ -135,10 +132,11 @@
 // provider lists. Those 500 ms count from the first answer any member gave
 // the new owner's node, if that came later: a member that has just joined
 // and heard nobody yet cannot tell a silent member from its own
-// connections still being made, and waits up to 5 s. A member that answers lease probes is waited for until
-// it hands off, however long its batchers take to answer what it admitted. A connection that drops while a live old owner still
-// has a request in flight can therefore let that request overlap the new
-// owner's first one.
+// connections still being made, and waits up to 5 s. A member that
+// answers lease probes is waited for until it hands off, however long its
+// batchers take to answer what it admitted. A connection that drops while
+// a live old owner still has a request in flight can therefore let that
+// request overlap the new owner's first one.
 //
 // A member crashes: what it held is answered ErrUnreachable as soon as the
 // provider drops the member from the topology or protoactor loses its

@@ -434,9 +434,8 @@ type admitted struct {
 	held    *held      // the ledger entry it is counted in
 	replyTo *actor.PID // the caller process; nil: nobody is answered
 	call    uint32     // the DeliverRequest's
-	// here: admitted directly by a caller of this member (Node.here),
-	// whose call hereCall is, under token.
-	here     bool
+	// hereCall, if not nil: admitted directly by a caller of this member
+	// (Node.here), whose call it is, under token.
 	hereCall *directCall
 	token    uint64
 	answered atomic.Bool
@@ -473,7 +472,7 @@ func (a *admitted) Listening(*actor.PID) bool {
 		return false
 	}
 	switch {
-	case a.here:
+	case a.hereCall != nil:
 		return a.hereCall.pending.Load() == a.token
 	case a.replyTo != nil:
 		return !a.n.cancels.has(callKey{a.replyTo.Address, a.replyTo.Id, a.call})
@@ -500,15 +499,21 @@ func (a *admitted) Forgotten(*actor.PID) {
 	a.settled()
 	n := a.n
 	if a.unleased.Load() {
-		// Dropped for want of the lease, not by its caller: it was not
-		// sent, and its caller tries again.
-		if a.here {
-			n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
-		} else {
-			n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
-		}
+		// Dropped for want of the lease, not by its caller.
+		a.answerUnleased()
 	}
 	n.apply(n.ledger.answered(a.held))
+}
+
+// answerUnleased answers the delivery's caller that it was not sent for
+// want of the lease: a caller that admitted directly gets errUnleased,
+// another "not the owner"; either tries again.
+func (a *admitted) answerUnleased() {
+	if a.hereCall != nil {
+		a.n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
+	} else {
+		a.n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
+	}
 }
 
 // Answer sends the delivery's answer to its caller and counts it answered
@@ -520,13 +525,11 @@ func (a *admitted) Answer(_ *actor.PID, r codec.Result) {
 	n, h := a.n, a.held
 	a.settled()
 	switch {
-	case errors.Is(r.Err, errLeaseLapsed) && a.here:
-		// Not sent (the fenced codec made no request): its caller tries
-		// again, as for a delivery dropped for want of the lease.
-		n.direct.answer(a.hereCall, a.token, codec.Result{Err: errUnleased})
 	case errors.Is(r.Err, errLeaseLapsed):
-		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, NotOwner: true})
-	case a.here:
+		// Not sent (the fenced codec made no request): answered as a
+		// delivery dropped for want of the lease.
+		a.answerUnleased()
+	case a.hereCall != nil:
 		n.direct.answer(a.hereCall, a.token, r)
 	default:
 		n.reply(a.replyTo, &clusterpb.DeliverReply{Call: a.call, Id: r.ID, Sequence: r.Sequence, Error: encodeError(r.Err)})
